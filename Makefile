@@ -1,0 +1,41 @@
+# The two set-up commands of the README are `make up` and `make test`; everything else is a convenience.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+up: ## bring the whole stack up locally and show it working
+	scripts/up.sh
+
+down: ## stop what `make up` started
+	scripts/down.sh
+
+test: ## vet, race-enabled tests and a short fuzz pass of every module, against a real PostgreSQL
+	scripts/test.sh
+
+fuzz: ## fuzz every target for FUZZTIME (default 10m) each
+	FUZZTIME=$${FUZZTIME:-10m} MODULES="$${MODULES:-modules/envelope}" scripts/test.sh
+
+lint: ## go vet and gofmt over every module
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	@for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && go vet ./...) || exit 1; done
+
+tidy: ## go mod tidy in every module
+	@for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && go mod tidy) || exit 1; done
+
+build: ## build every binary into bin/
+	@mkdir -p bin
+	cd services/ingest-api && go build -o ../../bin/ingest-api .
+	cd tools && go build -o ../bin/ ./...
+
+bench-envelope: ## envelope parse/canonicalize/verify benchmarks
+	cd modules/envelope && go test -run '^$$' -bench . -benchmem -count 5
+
+bench-store: ## store ingest benchmarks beside pgbench, same database, same run
+	modules/store/bench/run.sh
+
+bench-ingest: ## ingest-api over HTTP beside pgbench, same database, same run
+	scripts/bench-ingest.sh
