@@ -1,0 +1,388 @@
+package envctl
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver for migrate
+)
+
+// maxSequence is the contract's largest sequence (2^53-1); floors live in the same space.
+const maxSequence = 1<<53 - 1
+
+// maxCredentialID is the longest id the store accepts (it issues "cred_" + 24 hex digits).
+const maxCredentialID = 64
+
+func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "[--database-url URL]")
+	d := c.addDBFlags(fs, 5*time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	dsn, code := c.dsn(path, d)
+	if dsn == "" {
+		return code
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	// migrate talks to the database directly rather than through store.Open: the store may expect a
+	// schema that does not exist yet.
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return c.failure(path, "cannot open the database: %v", err)
+	}
+	defer db.Close()
+	applied, err := migrations.Apply(cctx, db)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return c.failure(path, "timed out (see --timeout): %v", err)
+		}
+		return c.failure(path, "%v", err)
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(c.Stdout, "schema is at version %d; nothing to apply\n", migrations.Latest())
+		return ExitOK
+	}
+	vs := make([]string, len(applied))
+	for i, v := range applied {
+		vs[i] = strconv.Itoa(v)
+	}
+	fmt.Fprintf(c.Stdout, "applied migration(s) %s; schema is at version %d\n", strings.Join(vs, ", "), migrations.Latest())
+	return ExitOK
+}
+
+func runCredentialIssue(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --account A --device D --role device|service|operator")
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("account", "", "account id (required)")
+	fs.String("device", "", "device id; for role device it is the producer_id its envelopes must carry (required)")
+	fs.String("role", "", "device, service or operator (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "account", "device"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	role := store.Role(fs.Lookup("role").Value.String())
+	switch role {
+	case "device", "service", "operator":
+	case "":
+		return c.usageError(path, "--role is required")
+	default:
+		return c.usageError(path, "--role %q is not one of device, service, operator", role)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant, device := fs.Lookup("tenant").Value.String(), fs.Lookup("device").Value.String()
+	token, id, err := s.IssueCredential(cctx, tenant, fs.Lookup("account").Value.String(), device, role)
+	if err != nil {
+		if errors.Is(err, store.ErrInvalid) {
+			return c.failure(path, "refused: %v", err)
+		}
+		return c.storeFailure(path, err)
+	}
+	// stdout carries the token alone so `tok=$(envctl credential issue ...)` works; the id, which is not
+	// secret and is what revoke takes, goes to stderr.
+	fmt.Fprintln(c.Stdout, token)
+	fmt.Fprintf(c.Stderr, "issued credential id %s (tenant %s, device %s, role %s); the token is shown only now\n", id, tenant, device, role)
+	return ExitOK
+}
+
+func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --id ID")
+	fs.String("tenant", "", "tenant id (required)")
+	id := fs.String("id", "", "credential id, as printed by credential issue (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *id == "" {
+		return c.usageError(path, "--id is required")
+	}
+	if len(*id) > maxCredentialID {
+		return c.usageError(path, "--id is longer than %d bytes: not a credential id", maxCredentialID)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant := fs.Lookup("tenant").Value.String()
+	if err := s.RevokeCredential(cctx, tenant, *id); err != nil {
+		if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
+			return c.failure(path, "no credential %q in tenant %s", *id, tenant)
+		}
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintf(c.Stdout, "revoked credential %s\n", *id)
+	return ExitOK
+}
+
+func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --key-id K --public-key BASE64URL")
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("key-id", "", "key id envelopes name in key_id (required)")
+	pubText := fs.String("public-key", "", "Ed25519 public key, base64url of 32 bytes, padding optional (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "key-id"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *pubText == "" {
+		return c.usageError(path, "--public-key is required")
+	}
+	pub, err := envelope.ParsePublicKey(*pubText)
+	if err != nil {
+		return c.usageError(path, "public key refused: %v", err)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant, keyID := fs.Lookup("tenant").Value.String(), fs.Lookup("key-id").Value.String()
+	if err := s.AddKey(cctx, tenant, keyID, pub); err != nil {
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			return c.failure(path, "key id %s already exists in tenant %s (key ids are never reused; pick a new one)", keyID, tenant)
+		case errors.Is(err, store.ErrInvalid):
+			return c.failure(path, "public key refused: %v", err)
+		}
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintf(c.Stdout, "added key %s to tenant %s (active)\n", keyID, tenant)
+	return ExitOK
+}
+
+func runKeyRetire(ctx context.Context, c *cli, path string, args []string) int {
+	return keyTransition(ctx, c, path, args, "retired", (*store.Store).RetireKey)
+}
+
+func runKeyRevoke(ctx context.Context, c *cli, path string, args []string) int {
+	return keyTransition(ctx, c, path, args, "revoked", (*store.Store).RevokeKey)
+}
+
+func keyTransition(ctx context.Context, c *cli, path string, args []string, state string,
+	op func(*store.Store, context.Context, string, string) error) int {
+	fs := c.flagSet(path, "--tenant T --key-id K")
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("key-id", "", "key id (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "key-id"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant, keyID := fs.Lookup("tenant").Value.String(), fs.Lookup("key-id").Value.String()
+	if err := op(s, cctx, tenant, keyID); err != nil {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return c.failure(path, "no key %s in tenant %s", keyID, tenant)
+		case errors.Is(err, store.ErrConflict):
+			return c.failure(path, "key %s cannot be %s from its current state: %v", keyID, state, err)
+		}
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintf(c.Stdout, "key %s in tenant %s is %s\n", keyID, tenant, state)
+	return ExitOK
+}
+
+func runKeyPrune(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "[--replay-window 2160h]")
+	def := 2160 * time.Hour
+	window := fs.Duration("replay-window", def, "the ingest replay window; a retired or revoked key goes only once every envelope it signed is older than this (default $REPLAY_WINDOW, else 2160h)")
+	d := c.addDBFlags(fs, 5*time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if !flagSet(fs, "replay-window") {
+		if env := c.Getenv("REPLAY_WINDOW"); env != "" {
+			w, err := time.ParseDuration(env)
+			if err != nil {
+				return c.usageError(path, "REPLAY_WINDOW %q is not a Go duration", env)
+			}
+			*window = w
+		}
+	}
+	if *window <= 0 {
+		return c.usageError(path, "--replay-window must be positive")
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	n, err := s.PruneKeys(cctx, *window)
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintf(c.Stdout, "pruned %d key(s)\n", n)
+	return ExitOK
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}
+
+func streamFlags(c *cli, path, synopsis string) (*flag.FlagSet, *dbFlags) {
+	fs := c.flagSet(path, synopsis)
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("project", "", "project id (required)")
+	fs.String("producer", "", "producer id, i.e. the device id (required)")
+	return fs, c.addDBFlags(fs, time.Minute)
+}
+
+func printStream(c *cli, st store.StreamState) {
+	fmt.Fprintf(c.Stdout, "{\"cursor\":%d,\"replay_floor\":%d}\n", st.Cursor, st.ReplayFloor)
+}
+
+func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) int {
+	fs, d := streamFlags(c, path, "--tenant T --project P --producer D --floor N")
+	floorText := fs.String("floor", "", "new replay floor: sequences up to N count as settled; must not be lower than the current floor (required)")
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "project", "producer"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *floorText == "" {
+		return c.usageError(path, "--floor is required")
+	}
+	floor, err := strconv.ParseInt(*floorText, 10, 64)
+	if err != nil || floor < 0 || floor > maxSequence {
+		return c.usageError(path, "--floor %q must be an integer from 0 to %d", *floorText, int64(maxSequence))
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant, project, producer := fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), fs.Lookup("producer").Value.String()
+	st, err := s.SetReplayFloor(cctx, tenant, project, producer, floor)
+	if err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			// The store returns the current state with the conflict.
+			return c.failure(path, "refused: floor %d is lower than the stream's replay floor %d (floors only rise)", floor, st.ReplayFloor)
+		}
+		return c.storeFailure(path, err)
+	}
+	printStream(c, st)
+	return ExitOK
+}
+
+func runStreamShow(ctx context.Context, c *cli, path string, args []string) int {
+	fs, d := streamFlags(c, path, "--tenant T --project P --producer D")
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "project", "producer"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	st, err := s.Stream(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), fs.Lookup("producer").Value.String())
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	printStream(c, st)
+	return ExitOK
+}
+
+// auditLine is one line of `audit list`: exactly the members of contract §7.3, null when unknown.
+type auditLine struct {
+	TenantID      string  `json:"tenant_id"`
+	ProjectID     *string `json:"project_id"`
+	AccountID     *string `json:"account_id"`
+	DeviceID      *string `json:"device_id"`
+	EventIdentity *string `json:"event_identity"`
+	Outcome       string  `json:"outcome"`
+	Reason        *string `json:"reason"`
+	At            string  `json:"at"`
+	CorrelationID *string `json:"correlation_id"`
+}
+
+func orNull(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+const maxAuditLimit = 1000
+
+func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T [--project P] [--limit N]")
+	fs.String("tenant", "", "tenant id (required)")
+	project := fs.String("project", "", "only rows of this project")
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many rows, newest first (1-%d)", maxAuditLimit))
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *project != "" {
+		if err := checkIdentities(fs, "project"); err != nil {
+			return c.usageError(path, "%v", err)
+		}
+	}
+	if *limit < 1 || *limit > maxAuditLimit {
+		return c.usageError(path, "--limit %d is outside 1-%d", *limit, maxAuditLimit)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	recs, err := s.ListAudit(cctx, store.AuditFilter{TenantID: fs.Lookup("tenant").Value.String(), ProjectID: *project, Limit: *limit})
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	enc := json.NewEncoder(c.Stdout)
+	for _, r := range recs {
+		line := auditLine{
+			TenantID: r.TenantID, ProjectID: orNull(r.ProjectID), AccountID: orNull(r.AccountID),
+			DeviceID: orNull(r.DeviceID), EventIdentity: orNull(r.EventIdentity), Outcome: r.Outcome,
+			Reason: orNull(r.Reason), At: r.At.UTC().Format(time.RFC3339Nano), CorrelationID: orNull(r.CorrelationID),
+		}
+		if err := enc.Encode(line); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+	}
+	return ExitOK
+}

@@ -1,0 +1,49 @@
+// Package envctl is the operator command line of envelopeworker: everything `envctl` does, driven by
+// Run so tests can call each command in-process against a real PostgreSQL and check its output and exit
+// code. tools/envctl/main.go only wires the process (arguments, signals, exit status) to Run.
+//
+// Commands (contract §6, plus additions marked +):
+//
+//	envctl migrate
+//	envctl credential issue --tenant T --account A --device D --role device|service|operator
+//	envctl credential revoke --tenant T --id ID                          (+)
+//	envctl key add --tenant T --key-id K --public-key B64URL
+//	envctl key retire|revoke --tenant T --key-id K
+//	envctl key prune [--replay-window 2160h]
+//	envctl stream set-floor --tenant T --project P --producer D --floor N
+//	envctl stream show --tenant T --project P --producer D               (+)
+//	envctl audit list --tenant T [--project P] [--limit N]
+//	envctl send --url U --token-file F --seed-file F --file DRAFT [--batch] (+, the reference producer)
+//	envctl keygen [--seed-file F]                                        (+)
+//
+// Every database command reads DATABASE_URL, or --database-url, and gives up after --timeout.
+//
+// Output is for scripts: a command that creates a thing prints that thing alone on stdout (the token,
+// the public key); listings print one JSON object per line; commentary goes to stderr.
+//
+// A draft file for send is an envelope without "signature", read strictly (duplicate or unknown members
+// are errors, so a typo is never silently dropped from what gets signed). Two conveniences: "issued_at"
+// may be "now" or left out (the signing time, whole seconds, UTC) and "schema_version" may be left out
+// (it is always 1). With --batch the file is {"envelopes":[draft, ...]} or a bare array of drafts.
+// send prints "HTTP <status>" and the answer body; a non-2xx answer is exit code 1.
+//
+//	{"tenant_id":"demo","project_id":"proj-1","producer_id":"device-1","event_id":"evt-1",
+//	 "idempotency_key":"idem-1","key_id":"demo-key-1","sequence":1,"issued_at":"now",
+//	 "metadata":{"kind":"task.status"},"payload":{"state":"running"}}
+//
+// Exit codes, so scripts can tell a typo from a refusal:
+//
+//	0  done
+//	1  refused or failed after reaching the database or the service (existing key id, lowering a
+//	   floor, unknown key, database unavailable, a non-2xx answer to send)
+//	2  the command line itself is wrong: unknown command or flag, a missing or malformed value
+//	   (including a public key that is not 32 bytes, not canonical, or of small order); nothing was
+//	   attempted
+//
+// Secrets: tokens are printed only by `credential issue` (once; only the digest is stored), seeds only
+// by `keygen` without --seed-file. Nothing else echoes a token, seed, signature or payload, and error
+// messages from the store never carry SQL or driver text.
+//
+// `endpoint`, `dlq` and `verify` are reserved for later issues; they are listed by -h as not yet
+// available and answer exit code 2.
+package envctl

@@ -1,0 +1,263 @@
+package envctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// Exit codes; see the package doc.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// Env is the process surroundings of one Run: tests supply buffers, a fixed environment and a clock.
+type Env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads the environment (DATABASE_URL, REPLAY_WINDOW); nil reads nothing.
+	Getenv func(string) string
+	// Now is the clock used for drafts without issued_at; nil means time.Now.
+	Now func() time.Time
+	// HTTPClient is used by send; nil means a client with no overall timeout (send bounds each
+	// request with its --timeout).
+	HTTPClient *http.Client
+}
+
+type cli struct {
+	Env
+}
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, c *cli, path string, args []string) int
+	subs    []*command
+	later   bool // reserved for a later issue
+}
+
+func commands() []*command {
+	return []*command{
+		{name: "migrate", summary: "apply the database migrations (idempotent)", run: runMigrate},
+		{name: "credential", summary: "issue or revoke bearer credentials", subs: []*command{
+			{name: "issue", summary: "issue a credential and print its token alone on one line", run: runCredentialIssue},
+			{name: "revoke", summary: "revoke a credential by id", run: runCredentialRevoke},
+		}},
+		{name: "key", summary: "manage producer Ed25519 public keys", subs: []*command{
+			{name: "add", summary: "register a public key under a key id", run: runKeyAdd},
+			{name: "retire", summary: "retire a key (it still verifies envelopes issued up to now)", run: runKeyRetire},
+			{name: "revoke", summary: "revoke a key (it verifies only exact duplicates from now on)", run: runKeyRevoke},
+			{name: "prune", summary: "delete retired/revoked keys whose envelopes are all older than the replay window", run: runKeyPrune},
+		}},
+		{name: "stream", summary: "inspect streams and raise replay floors", subs: []*command{
+			{name: "set-floor", summary: "raise a stream's replay floor (never lowers)", run: runStreamSetFloor},
+			{name: "show", summary: "print a stream's cursor and replay floor", run: runStreamShow},
+		}},
+		{name: "audit", summary: "read the audit stream", subs: []*command{
+			{name: "list", summary: "print audit rows, newest first, one JSON object a line", run: runAuditList},
+		}},
+		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend},
+		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen},
+		{name: "endpoint", summary: "webhook endpoints", later: true},
+		{name: "dlq", summary: "dead letters", later: true},
+		{name: "verify", summary: "verify stored envelopes", later: true},
+	}
+}
+
+// Run executes one envctl command line (args without the program name) and returns the exit code.
+func Run(ctx context.Context, args []string, env Env) int {
+	c := &cli{Env: env}
+	if c.Stdin == nil {
+		c.Stdin = strings.NewReader("")
+	}
+	if c.Stdout == nil {
+		c.Stdout = io.Discard
+	}
+	if c.Stderr == nil {
+		c.Stderr = io.Discard
+	}
+	if c.Getenv == nil {
+		c.Getenv = func(string) string { return "" }
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c.dispatch(ctx, "envctl", commands(), args)
+}
+
+func (c *cli) dispatch(ctx context.Context, path string, cmds []*command, args []string) int {
+	if len(args) == 0 {
+		c.printGroup(c.Stderr, path, cmds)
+		return ExitUsage
+	}
+	name := args[0]
+	if isHelp(name) {
+		c.printGroup(c.Stdout, path, cmds)
+		return ExitOK
+	}
+	for _, cmd := range cmds {
+		if cmd.name != name {
+			continue
+		}
+		sub := path + " " + name
+		switch {
+		case cmd.later:
+			fmt.Fprintf(c.Stderr, "%s: not available yet (reserved for a later release)\n", sub)
+			return ExitUsage
+		case cmd.subs != nil:
+			return c.dispatch(ctx, sub, cmd.subs, args[1:])
+		default:
+			return cmd.run(ctx, c, sub, args[1:])
+		}
+	}
+	fmt.Fprintf(c.Stderr, "%s: unknown command %q\nRun '%s -h' for the list of commands.\n", path, name, path)
+	return ExitUsage
+}
+
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "help" }
+
+func (c *cli) printGroup(w io.Writer, path string, cmds []*command) {
+	fmt.Fprintf(w, "Usage: %s <command> [flags]\n\nCommands:\n", path)
+	for _, cmd := range cmds {
+		s := cmd.summary
+		if cmd.later {
+			s += " (not available yet)"
+		}
+		fmt.Fprintf(w, "  %-12s %s\n", cmd.name, s)
+	}
+	fmt.Fprintf(w, "\nRun '%s <command> -h' for the flags of a command.\n", path)
+}
+
+// flagSet builds the FlagSet of one leaf command; usage is the synopsis shown by -h.
+func (c *cli) flagSet(path, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(path, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // parse errors are reported by parse, once, on stderr
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\nFlags:\n", path, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags; when it returns done, the command must return code (help printed or usage error).
+func (c *cli) parse(fs *flag.FlagSet, path string, args []string) (done bool, code int) {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(c.Stdout)
+		fs.Usage()
+		return true, ExitOK
+	}
+	if err != nil {
+		return true, c.usageError(path, "%v", err)
+	}
+	if fs.NArg() > 0 {
+		return true, c.usageError(path, "unexpected argument %q", fs.Arg(0))
+	}
+	return false, ExitOK
+}
+
+func (c *cli) usageError(path, format string, a ...any) int {
+	fmt.Fprintf(c.Stderr, "%s: %s\nRun '%s -h' for usage.\n", path, fmt.Sprintf(format, a...), path)
+	return ExitUsage
+}
+
+func (c *cli) failure(path, format string, a ...any) int {
+	fmt.Fprintf(c.Stderr, "%s: %s\n", path, fmt.Sprintf(format, a...))
+	return ExitFailure
+}
+
+// requireFlags reports the first of the named string flags that was left empty.
+func requireFlags(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		f := fs.Lookup(n)
+		if f == nil || f.Value.String() == "" {
+			return fmt.Errorf("--%s is required", n)
+		}
+	}
+	return nil
+}
+
+// identityRE is the contract's identity rule (tenant_id, project_id, producer_id, key_id); envctl
+// applies it to account and device ids too, since a device id becomes an envelope's producer_id.
+var identityRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+func checkIdentities(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		v := fs.Lookup(n).Value.String()
+		if v == "" {
+			return fmt.Errorf("--%s is required", n)
+		}
+		if !identityRE.MatchString(v) {
+			return fmt.Errorf("--%s %q is not a valid identity (1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", n, v)
+		}
+	}
+	return nil
+}
+
+// dbFlags are shared by every database command.
+type dbFlags struct {
+	url     string
+	timeout time.Duration
+}
+
+func (c *cli) addDBFlags(fs *flag.FlagSet, defTimeout time.Duration) *dbFlags {
+	d := &dbFlags{}
+	fs.StringVar(&d.url, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
+	fs.DurationVar(&d.timeout, "timeout", defTimeout, "give up after this long")
+	return d
+}
+
+// dsn resolves --database-url or DATABASE_URL; "" means the usage error was reported and code is set.
+func (c *cli) dsn(path string, d *dbFlags) (string, int) {
+	dsn := d.url
+	if dsn == "" {
+		dsn = c.Getenv("DATABASE_URL")
+	}
+	if dsn == "" {
+		return "", c.usageError(path, "DATABASE_URL is not set (or pass --database-url)")
+	}
+	if d.timeout <= 0 {
+		return "", c.usageError(path, "--timeout must be positive")
+	}
+	return dsn, ExitOK
+}
+
+// open connects to the database named by --database-url or DATABASE_URL. The returned context carries
+// the command's timeout; cancel releases it and the store.
+func (c *cli) open(ctx context.Context, path string, d *dbFlags) (s *store.Store, cctx context.Context, cancel func(), code int) {
+	dsn, code := c.dsn(path, d)
+	if dsn == "" {
+		return nil, nil, nil, code
+	}
+	cctx, cancelCtx := context.WithTimeout(ctx, d.timeout)
+	s, err := store.Open(cctx, dsn, store.Options{MaxOpenConns: 2})
+	if err != nil {
+		cancelCtx()
+		return nil, nil, nil, c.failure(path, "cannot open the database: %v", err)
+	}
+	return s, cctx, func() { s.Close(); cancelCtx() }, ExitOK
+}
+
+// storeFailure maps an unexpected store error to exit 1 with a message that names the kind of failure;
+// the store's own messages carry no SQL or driver text.
+func (c *cli) storeFailure(path string, err error) int {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return c.failure(path, "timed out (see --timeout): %v", err)
+	case errors.Is(err, store.ErrUnavailable):
+		return c.failure(path, "database unavailable: %v", err)
+	default:
+		return c.failure(path, "%v", err)
+	}
+}
