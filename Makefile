@@ -28,8 +28,8 @@ tidy: ## go mod tidy in every module
 
 build: ## build every binary into bin/
 	@mkdir -p bin
-	cd services/ingest-api && go build -o ../../bin/ingest-api .
-	cd tools && go build -o ../bin/ ./...
+	for s in ingest-api delivery-worker retention-janitor; do (cd services/$$s && go build -o ../../bin/$$s .) || exit 1; done
+	cd tools && go build -o ../bin/ ./envctl ./loadgen-ingest
 
 bench-envelope: ## envelope parse/canonicalize/verify benchmarks
 	cd modules/envelope && go test -run '^$$' -bench . -benchmem -count 5

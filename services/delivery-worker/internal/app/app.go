@@ -1,0 +1,177 @@
+// Package app wires delivery-worker together: configuration, logger, store,
+// secrets watcher, limiter, sender, worker, the metrics/health listener and
+// graceful shutdown. main only calls Run.
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/config"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/worker"
+)
+
+// backoffJitter is the largest fraction taken off a retry delay.
+const backoffJitter = 0.2
+
+// Run delivers until ctx is cancelled (SIGTERM in main), then stops claiming,
+// lets in-flight attempts finish within SHUTDOWN_GRACE, and closes
+// everything. ready, if not nil, receives the bound metrics address once the
+// listener is up (tests bind ":0").
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr)) error {
+	cfg, err := config.Load(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("log level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+
+	set, err := secrets.Load(cfg.WebhookSecretsFile)
+	if err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	current := secrets.NewCurrent(set)
+
+	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxOpenConns: cfg.DBMaxOpenConns, ApplicationName: "delivery-worker"})
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer st.Close()
+
+	lim, err := limiter.New[limiter.DeliveryKey](limiter.Policy{Tokens: cfg.LimitTokens, Interval: cfg.LimitInterval})
+	if err != nil {
+		return fmt.Errorf("delivery limiter: %w", err)
+	}
+	defer lim.Close(context.WithoutCancel(ctx))
+
+	snd := sender.New(sender.Config{
+		Timeout:       cfg.HTTPTimeout,
+		AllowLoopback: cfg.AllowInsecureLoopback,
+		Backoff:       sender.Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffMax, Jitter: backoffJitter},
+		Secrets:       current.Lookup,
+	})
+	defer snd.Close()
+
+	reg := worker.NewRegistry()
+	m := worker.NewMetrics(reg)
+	w, err := worker.New(worker.Config{
+		Lease:         cfg.Lease,
+		Concurrency:   cfg.Concurrency,
+		ClaimMax:      cfg.ClaimSize,
+		PollInterval:  cfg.PollInterval,
+		Grace:         cfg.ShutdownGrace,
+		StoreTimeout:  cfg.StoreTimeout,
+		StatsInterval: 15 * time.Second,
+	}, cfg.HTTPTimeout, st, snd, lim, log, m)
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		writeJSON(rw, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", readyz(st, cfg.StoreTimeout, log))
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("delivery-worker started", slog.String("metrics_addr", ln.Addr().String()),
+		slog.Bool("allow_insecure_loopback", cfg.AllowInsecureLoopback), slog.Int("secret_refs", set.Len()))
+	if ready != nil {
+		ready(ln.Addr())
+	}
+
+	// The worker and the secrets watcher stop with runCtx: SIGTERM, or the
+	// metrics listener failing.
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		watcher := &secrets.Watcher{Path: cfg.WebhookSecretsFile, Interval: cfg.SecretsReloadInterval,
+			Current: current, Log: log, OnReload: m.SecretReload}
+		_ = watcher.Run(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		_ = w.Run(runCtx)
+	}()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err := <-serveErr:
+		runErr = fmt.Errorf("metrics server: %w", err)
+	}
+	stop()
+	wg.Wait() // the worker honours SHUTDOWN_GRACE itself
+
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		runErr = errors.Join(runErr, fmt.Errorf("metrics shutdown: %w", err))
+	}
+	log.Info("stopped")
+	return runErr
+}
+
+func writeJSON(rw http.ResponseWriter, status int, state string) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(status)
+	_ = json.NewEncoder(rw).Encode(map[string]string{"status": state})
+}
+
+// readyz: the database answers and its schema is exactly the migrations this
+// build embeds. The body never carries driver text.
+func readyz(st *store.Store, timeout time.Duration, log *slog.Logger) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		if err := st.Ping(ctx); err != nil {
+			log.Warn("readiness: database unreachable", slog.String("error", err.Error()))
+			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
+			return
+		}
+		v, err := st.SchemaVersion(ctx)
+		if err != nil {
+			log.Warn("readiness: schema version unreadable", slog.String("error", err.Error()))
+			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
+			return
+		}
+		if v != migrations.Latest() {
+			log.Warn("readiness: schema version mismatch", slog.Int("database", v), slog.Int("build", migrations.Latest()))
+			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
+			return
+		}
+		writeJSON(rw, http.StatusOK, "ready")
+	}
+}

@@ -1,0 +1,134 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodSecrets = `{"ep":["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]}`
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "secrets.json")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func base(t *testing.T) map[string]string {
+	return map[string]string{
+		"DATABASE_URL":         "postgres://u:hunter2@db/x",
+		"WEBHOOK_SECRETS_FILE": writeFile(t, goodSecrets),
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(nil, envOf(base(t)), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MetricsAddr != ":9090" || c.Lease != 30*time.Second || c.BackoffBase != time.Second ||
+		c.BackoffMax != 10*time.Minute || c.HTTPTimeout != 10*time.Second || c.AllowInsecureLoopback ||
+		c.ClaimSize != 100 || c.ShutdownGrace <= 0 {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestFlagsMirrorEnvAndWin(t *testing.T) {
+	env := base(t)
+	env["DELIVERY_LEASE"] = "1m"
+	env["DELIVERY_ALLOW_INSECURE_LOOPBACK"] = "true"
+	env["DELIVERY_CONCURRENCY"] = "4"
+	c, err := Load([]string{"--delivery-lease", "2m", "--delivery-http-timeout=20s", "--delivery-limit-tokens", "7",
+		"--delivery-limit-interval", "2s"}, envOf(env), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Lease != 2*time.Minute || c.HTTPTimeout != 20*time.Second || !c.AllowInsecureLoopback || c.Concurrency != 4 ||
+		c.LimitTokens != 7 || c.LimitInterval != 2*time.Second {
+		t.Fatalf("config %+v", c)
+	}
+	c, err = Load([]string{"--delivery-allow-insecure-loopback"}, envOf(base(t)), &bytes.Buffer{})
+	if err != nil || !c.AllowInsecureLoopback {
+		t.Fatalf("bare bool flag: %v %v", c.AllowInsecureLoopback, err)
+	}
+}
+
+func TestHelpListsEverySettingAndHidesTheDSN(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Load([]string{"-h"}, envOf(base(t)), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err %v", err)
+	}
+	for _, name := range []string{"DATABASE_URL", "METRICS_ADDR", "WEBHOOK_SECRETS_FILE", "DELIVERY_LEASE",
+		"DELIVERY_BACKOFF_BASE", "DELIVERY_BACKOFF_MAX", "DELIVERY_HTTP_TIMEOUT", "DELIVERY_ALLOW_INSECURE_LOOPBACK",
+		"DELIVERY_CONCURRENCY", "DELIVERY_LIMIT_TOKENS", "DELIVERY_LIMIT_INTERVAL", "SHUTDOWN_GRACE",
+		"-delivery-allow-insecure-loopback", "-webhook-secrets-file"} {
+		if !strings.Contains(out.String(), name) {
+			t.Errorf("-h does not mention %s", name)
+		}
+	}
+	if strings.Contains(out.String(), "hunter2") {
+		t.Fatal("-h printed the DSN")
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"no database", map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL is required"},
+		{"no secrets file", map[string]string{"WEBHOOK_SECRETS_FILE": ""}, nil, "WEBHOOK_SECRETS_FILE is required"},
+		{"missing secrets file", map[string]string{"WEBHOOK_SECRETS_FILE": "/nonexistent/secrets.json"}, nil, "WEBHOOK_SECRETS_FILE"},
+		{"bad duration", map[string]string{"DELIVERY_LEASE": "soon"}, nil, "DELIVERY_LEASE: not a Go duration"},
+		{"zero lease", map[string]string{"DELIVERY_LEASE": "0s"}, nil, "DELIVERY_LEASE must be positive"},
+		{"long lease", map[string]string{"DELIVERY_LEASE": "2h"}, nil, "DELIVERY_LEASE"},
+		{"timeout vs lease", map[string]string{"DELIVERY_LEASE": "10s", "DELIVERY_HTTP_TIMEOUT": "8s"}, nil, "DELIVERY_HTTP_TIMEOUT"},
+		{"max below base", map[string]string{"DELIVERY_BACKOFF_BASE": "1m", "DELIVERY_BACKOFF_MAX": "30s"}, nil, "DELIVERY_BACKOFF_MAX"},
+		{"zero base", map[string]string{"DELIVERY_BACKOFF_BASE": "0s"}, nil, "DELIVERY_BACKOFF_BASE"},
+		{"concurrency", map[string]string{"DELIVERY_CONCURRENCY": "0"}, nil, "DELIVERY_CONCURRENCY"},
+		{"claim size", nil, []string{"--delivery-claim-size", "101"}, "DELIVERY_CLAIM_SIZE"},
+		{"tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "0"}, nil, "DELIVERY_LIMIT_TOKENS"},
+		{"negative tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "-1"}, nil, "not a non-negative integer"},
+		{"interval", map[string]string{"DELIVERY_LIMIT_INTERVAL": "0s"}, nil, "DELIVERY_LIMIT_INTERVAL"},
+		{"bool", map[string]string{"DELIVERY_ALLOW_INSECURE_LOOPBACK": "yes please"}, nil, "not true or false"},
+		{"grace", map[string]string{"SHUTDOWN_GRACE": "0s"}, nil, "SHUTDOWN_GRACE"},
+		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},
+		{"unknown flag", nil, []string{"--nope"}, "invalid configuration"},
+		{"extra argument", nil, []string{"extra"}, "unexpected argument"},
+	}
+	for _, c := range cases {
+		env := base(t)
+		for k, v := range c.env {
+			env[k] = v
+		}
+		_, err := Load(c.args, envOf(env), &bytes.Buffer{})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+func TestRefusesBadSecretsFileWithoutEchoingIt(t *testing.T) {
+	env := base(t)
+	env["WEBHOOK_SECRETS_FILE"] = writeFile(t, `{"ep":["whsec_c2hvcnRzZWNyZXQ="]}`)
+	_, err := Load(nil, envOf(env), &bytes.Buffer{})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "shorter than 24") {
+		t.Fatalf("short secret: %v", err)
+	}
+	if strings.Contains(err.Error(), "c2hvcnRzZWNyZXQ") {
+		t.Fatal("error echoes the secret")
+	}
+}

@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics of the worker. Labels come only from closed sets (verdict, stable
+// error code, operation); never a tenant, endpoint, message or URL.
+type Metrics struct {
+	attempts       *prometheus.CounterVec
+	latency        *prometheus.HistogramVec
+	due            prometheus.Gauge
+	oldestDueAge   prometheus.Gauge
+	leaseExpiries  prometheus.Counter
+	fenced         prometheus.Counter
+	claims         prometheus.Counter
+	claimed        prometheus.Histogram
+	limiterRefused prometheus.Counter
+	storeErrors    *prometheus.CounterVec
+	inFlight       prometheus.Gauge
+	secretReloads  *prometheus.CounterVec
+}
+
+// NewMetrics registers the worker's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "envelopeworker", "delivery"
+	m := &Metrics{
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "attempts_total",
+			Help: "Delivery attempts by result (delivered, retry, dead, aborted, lease_lost) and stable error code.",
+		}, []string{"result", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "attempt_duration_seconds",
+			Help:    "Duration of one delivery attempt (signing and the HTTP request), by result.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"result"}),
+		due: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "due_messages",
+			Help: "Claimable outbox messages across all tenants (sampled).",
+		}),
+		oldestDueAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "oldest_due_age_seconds",
+			Help: "How long the longest-waiting claimable message has been due (sampled).",
+		}),
+		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_expiries_total",
+			Help: "Claimed attempts this worker did not settle because their lease deadline passed (or shutdown cut them off); the message becomes claimable again when the lease expires.",
+		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "fenced_settles_total",
+			Help: "Settles the store refused because the attempt no longer owned the message.",
+		}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "claims_total",
+			Help: "Claim statements run.",
+		}),
+		claimed: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "claimed_messages",
+			Help:    "Messages returned per claim.",
+			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100},
+		}),
+		limiterRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "limiter_refusals_total",
+			Help: "Claims skipped because the tenant's delivery limiter had no token.",
+		}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+			Help: "Failed database operations by operation.",
+		}, []string{"operation"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "in_flight_attempts",
+			Help: "Attempts running now.",
+		}),
+		secretReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "secret_reloads_total",
+			Help: "Reloads of a changed secrets file by result (ok, refused).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.attempts, m.latency, m.due, m.oldestDueAge, m.leaseExpiries, m.fenced, m.claims,
+		m.claimed, m.limiterRefused, m.storeErrors, m.inFlight, m.secretReloads)
+	return m
+}
+
+// SecretReload records a secrets file reload outcome (a secrets.Watcher
+// OnReload hook).
+func (m *Metrics) SecretReload(ok bool) {
+	if ok {
+		m.secretReloads.WithLabelValues("ok").Inc()
+	} else {
+		m.secretReloads.WithLabelValues("refused").Inc()
+	}
+}
+
+// NewRegistry is a private registry with the Go runtime and process
+// collectors, so two workers in one process (tests) never share series.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

@@ -1,0 +1,379 @@
+// Package worker owns the delivery loop of the outbox: a tenant scheduler
+// that claims due messages from PostgreSQL, hands each to the sender for one
+// attempt, and settles the outcome under the claim's fencing token.
+//
+// # Scheduling
+//
+// Each cycle asks the store for the tenants with due work (oldest due first)
+// and serves them in turn, one claim each, so a tenant with a backlog of
+// thousands gets one claim per cycle like everyone else and cannot delay
+// another tenant's message by more than one cycle. Before each claim the
+// scheduler checks cancellation and takes one token from the tenant's
+// delivery limiter (DELIVERY_LIMIT_TOKENS claims per DELIVERY_LIMIT_INTERVAL
+// per tenant); a tenant without a token is skipped until a later cycle. The
+// limiter only decides whether a claim happens: the 100-row claim bound, the
+// retry cap, lease recovery and dead-letter rules are the store's and do not
+// change. A limiter error skips the tenant (fail closed).
+//
+// A claim takes at most as many messages as there are free attempt slots
+// (DELIVERY_CONCURRENCY) and never more than store.MaxClaim, so no leased
+// message waits in a queue while its lease runs.
+//
+// # Leases
+//
+// The worker computes its own lease deadline as the local time just before
+// the claim plus DELIVERY_LEASE. The database starts the lease later than
+// that, so the local deadline is never after the real one, whatever the
+// clock skew between the worker and the database. An attempt runs under a
+// context that ends settleMargin before the deadline; after the attempt the
+// deadline is checked again and an attempt that has run out of lease is not
+// settled (it counts as lease_lost; the message is claimed again when its
+// lease expires, with a new attempt number). The store's fence (attempts and
+// status) backs this up: a settle for an attempt that no longer owns the
+// message is ErrFenced and changes nothing.
+//
+// # Shutdown
+//
+// When Run's context ends the scheduler stops claiming; attempts in flight
+// get up to Grace to finish and settle; after that their contexts are
+// cancelled and they end without settling.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
+)
+
+// ErrConfig reports an unusable Config.
+var ErrConfig = errors.New("worker: invalid configuration")
+
+// Config tunes a Worker.
+type Config struct {
+	Lease       time.Duration // claim lease (DELIVERY_LEASE)
+	Concurrency int           // attempts in flight at most
+	// ClaimMax bounds one claim (default and maximum store.MaxClaim).
+	ClaimMax int
+	// TenantsPerCycle bounds the tenants served per cycle (default 100).
+	TenantsPerCycle int
+	// PollInterval is the wait when nothing is due or the store failed.
+	PollInterval time.Duration
+	// Grace is how long in-flight attempts may run after Run's context ends.
+	Grace time.Duration
+	// StoreTimeout bounds each store call.
+	StoreTimeout time.Duration
+	// StatsInterval is how often the backlog gauges are sampled (0: never).
+	StatsInterval time.Duration
+	// Now is the clock for lease deadlines and next attempt times (nil:
+	// time.Now).
+	Now func() time.Time
+}
+
+// settleMargin is the part of the lease kept for settling.
+func (c Config) settleMargin() time.Duration { return c.Lease / 5 }
+
+// Validate checks the config against the sender's HTTP timeout.
+func (c Config) Validate(httpTimeout time.Duration) error {
+	switch {
+	case c.Lease <= 0 || c.Lease > store.MaxLease:
+		return fmt.Errorf("%w: lease must be in (0, %v]", ErrConfig, store.MaxLease)
+	case httpTimeout <= 0 || httpTimeout >= c.Lease-c.settleMargin():
+		return fmt.Errorf("%w: HTTP timeout must be positive and shorter than 4/5 of the lease", ErrConfig)
+	case c.Concurrency < 1:
+		return fmt.Errorf("%w: concurrency must be at least 1", ErrConfig)
+	case c.ClaimMax < 0 || c.ClaimMax > store.MaxClaim:
+		return fmt.Errorf("%w: claim size must be at most %d", ErrConfig, store.MaxClaim)
+	case c.TenantsPerCycle < 0 || c.TenantsPerCycle > store.MaxDueTenants:
+		return fmt.Errorf("%w: tenants per cycle must be at most %d", ErrConfig, store.MaxDueTenants)
+	case c.PollInterval <= 0:
+		return fmt.Errorf("%w: poll interval must be positive", ErrConfig)
+	case c.Grace < 0 || c.StoreTimeout <= 0 || c.StatsInterval < 0:
+		return fmt.Errorf("%w: grace, store timeout and stats interval must not be negative", ErrConfig)
+	}
+	return nil
+}
+
+// Worker claims, attempts and settles outbox messages.
+type Worker struct {
+	cfg     Config
+	store   *store.Store
+	sender  *sender.Sender
+	limiter *limiter.Delivery
+	log     *slog.Logger
+	m       *Metrics
+	slots   chan struct{}
+}
+
+// New builds a Worker. httpTimeout is the sender's, checked against the
+// lease.
+func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sender, lim *limiter.Delivery, log *slog.Logger, m *Metrics) (*Worker, error) {
+	if cfg.ClaimMax == 0 {
+		cfg.ClaimMax = store.MaxClaim
+	}
+	if cfg.TenantsPerCycle == 0 {
+		cfg.TenantsPerCycle = 100
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if err := cfg.Validate(httpTimeout); err != nil {
+		return nil, err
+	}
+	return &Worker{cfg: cfg, store: st, sender: snd, limiter: lim, log: log, m: m,
+		slots: make(chan struct{}, cfg.Concurrency)}, nil
+}
+
+// Run delivers until ctx ends, then stops claiming and gives in-flight
+// attempts up to Grace. It returns nil after a clean stop; store failures
+// are logged and retried, never returned.
+func (w *Worker) Run(ctx context.Context) error {
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	var inflight sync.WaitGroup
+	var stats sync.WaitGroup
+	if w.cfg.StatsInterval > 0 {
+		stats.Add(1)
+		go func() {
+			defer stats.Done()
+			w.sampleStats(ctx)
+		}()
+	}
+
+	for ctx.Err() == nil {
+		n, err := w.Cycle(ctx, workCtx, &inflight)
+		if err != nil && ctx.Err() == nil {
+			w.log.Warn("delivery cycle failed", slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
+		}
+		if n == 0 || err != nil {
+			w.sleep(ctx, w.cfg.PollInterval)
+		}
+	}
+
+	w.log.Info("delivery stopping: no new claims; waiting for in-flight attempts", slog.Duration("grace", w.cfg.Grace))
+	done := make(chan struct{})
+	go func() {
+		inflight.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(w.cfg.Grace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		w.log.Warn("grace period over: cancelling in-flight attempts; they will not be settled")
+		cancelWork()
+		<-done
+	}
+	stats.Wait()
+	return nil
+}
+
+func (w *Worker) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// Cycle serves every tenant with due work once: for each, check ctx, take a
+// limiter token, wait for a free slot, claim and start the attempts (on
+// workCtx, tracked by inflight). It returns how many messages it claimed.
+func (w *Worker) Cycle(ctx, workCtx context.Context, inflight *sync.WaitGroup) (int, error) {
+	tenants, err := w.dueTenants(ctx)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, tenant := range tenants {
+		if ctx.Err() != nil {
+			return total, nil
+		}
+		dec, err := w.limiter.Take(ctx, limiter.DeliveryKey{Tenant: tenant})
+		if err != nil {
+			// Fail closed: no claim without a decision.
+			w.log.Warn("delivery limiter failed; tenant skipped this cycle", slog.String("error", err.Error()))
+			continue
+		}
+		if !dec.Allowed {
+			w.m.limiterRefused.Inc()
+			continue
+		}
+		n, err := w.claimAndStart(ctx, workCtx, tenant, inflight)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
+	sctx, cancel := context.WithTimeout(ctx, w.cfg.StoreTimeout)
+	defer cancel()
+	tenants, err := w.store.DueTenants(sctx, w.cfg.TenantsPerCycle)
+	if err != nil {
+		w.m.storeErrors.WithLabelValues("due_tenants").Inc()
+		return nil, fmt.Errorf("due tenants: %w", err)
+	}
+	return tenants, nil
+}
+
+// claimAndStart takes the free slots (waiting for at least one), claims
+// that many messages of tenant and starts one attempt per message.
+func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, inflight *sync.WaitGroup) (int, error) {
+	select {
+	case w.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, nil
+	}
+	held := 1
+	for held < w.cfg.ClaimMax {
+		select {
+		case w.slots <- struct{}{}:
+			held++
+			continue
+		default:
+		}
+		break
+	}
+	release := func(n int) {
+		for range n {
+			<-w.slots
+		}
+	}
+
+	// Taken before the claim: the database's lease starts later, so this
+	// deadline is never after the real one.
+	deadline := w.cfg.Now().Add(w.cfg.Lease)
+	// Not cancelled by shutdown: a claim cut off after it committed would
+	// leave its messages leased to nobody until the lease expires. What it
+	// returns is attempted within the grace period.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.StoreTimeout)
+	claimed, err := w.store.Claim(sctx, tenant, held, w.cfg.Lease)
+	cancel()
+	w.m.claims.Inc()
+	if err != nil {
+		release(held)
+		w.m.storeErrors.WithLabelValues("claim").Inc()
+		return 0, fmt.Errorf("claim: %w", err)
+	}
+	w.m.claimed.Observe(float64(len(claimed)))
+	release(held - len(claimed))
+	for _, c := range claimed {
+		inflight.Add(1)
+		w.m.inFlight.Inc()
+		go func() {
+			defer func() {
+				w.m.inFlight.Dec()
+				<-w.slots
+				inflight.Done()
+			}()
+			w.Attempt(workCtx, c, deadline)
+		}()
+	}
+	return len(claimed), nil
+}
+
+// Attempt sends one claimed message and settles the outcome, unless the
+// lease deadline has passed or ctx ended first.
+func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Time) {
+	sendBy := deadline.Add(-w.cfg.settleMargin())
+	actx, cancel := context.WithDeadline(ctx, sendBy)
+	defer cancel()
+	start := time.Now()
+	res, err := w.sender.Send(actx, sender.Message{ID: c.MessageID, URL: c.URL, SecretRef: c.SecretRef, Body: c.Body})
+	elapsed := time.Since(start).Seconds()
+	if err != nil {
+		// Shutdown past the grace period, or the attempt ran into the
+		// lease margin: the outcome is unknown, the lease will expire.
+		result := "aborted"
+		if ctx.Err() == nil {
+			result = "lease_lost"
+			w.m.leaseExpiries.Inc()
+		}
+		w.m.attempts.WithLabelValues(result, "").Inc()
+		w.m.latency.WithLabelValues(result).Observe(elapsed)
+		return
+	}
+	if !w.cfg.Now().Before(deadline) {
+		w.m.leaseExpiries.Inc()
+		w.m.attempts.WithLabelValues("lease_lost", res.Code).Inc()
+		w.m.latency.WithLabelValues("lease_lost").Observe(elapsed)
+		w.log.Warn("attempt outlived its lease; not settled", slog.String("message_id", c.MessageID), slog.Int("attempt", c.Attempt))
+		return
+	}
+	w.m.latency.WithLabelValues(res.Verdict.String()).Observe(elapsed)
+
+	sctx, scancel := context.WithTimeout(ctx, min(w.cfg.StoreTimeout, time.Until(deadline)))
+	defer scancel()
+	verdict := res.Verdict
+	switch res.Verdict {
+	case sender.Delivered:
+		err = w.store.MarkDelivered(sctx, c.TenantID, c.MessageID, c.Attempt)
+	case sender.Retry:
+		if c.Attempt >= c.MaxAttempts {
+			verdict = sender.Dead
+		}
+		next := w.cfg.Now().Add(w.sender.NextAttemptDelay(c.Attempt, res))
+		err = w.store.MarkRetry(sctx, c.TenantID, c.MessageID, c.Attempt, next, res.Code)
+	case sender.Dead:
+		err = w.store.MarkDead(sctx, c.TenantID, c.MessageID, c.Attempt, res.Code, res.DisableEndpoint)
+	default:
+		err = fmt.Errorf("worker: unknown verdict %d", res.Verdict)
+	}
+	switch {
+	case err == nil:
+		w.m.attempts.WithLabelValues(verdict.String(), res.Code).Inc()
+		if res.DisableEndpoint {
+			w.log.Info("endpoint disabled after 410 Gone", slog.String("endpoint_id", c.EndpointID))
+		}
+	case errors.Is(err, store.ErrFenced):
+		w.m.fenced.Inc()
+		w.m.attempts.WithLabelValues("fenced", res.Code).Inc()
+		w.log.Info("settle fenced: the attempt no longer owns the message", slog.String("message_id", c.MessageID), slog.Int("attempt", c.Attempt))
+	default:
+		// The message stays delivering; it is claimed again when the lease
+		// expires.
+		w.m.storeErrors.WithLabelValues("settle").Inc()
+		w.m.attempts.WithLabelValues("settle_failed", res.Code).Inc()
+		w.log.Warn("settle failed", slog.String("message_id", c.MessageID), slog.Int("attempt", c.Attempt),
+			slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
+	}
+}
+
+func (w *Worker) sampleStats(ctx context.Context) {
+	t := time.NewTicker(w.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		w.SampleStats(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// SampleStats refreshes the backlog gauges once.
+func (w *Worker) SampleStats(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, w.cfg.StoreTimeout)
+	defer cancel()
+	st, err := w.store.OutboxStats(sctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.m.storeErrors.WithLabelValues("outbox_stats").Inc()
+		}
+		return
+	}
+	w.m.due.Set(float64(st.Due))
+	w.m.oldestDueAge.Set(st.OldestDueAge.Seconds())
+}

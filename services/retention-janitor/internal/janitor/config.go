@@ -1,0 +1,145 @@
+package janitor
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// Config is the janitor's configuration. Every field comes from an
+// environment variable and the mirrored flag (FOO_BAR is --foo-bar, contract
+// §6 and §7.9); a flag given on the command line wins over the environment.
+type Config struct {
+	// DatabaseURL logs in as the janitor's own role (envelopeworker_janitor),
+	// which can only select and delete payload rows.
+	DatabaseURL string
+	// Timeout bounds one cycle of deletes (JANITOR_TIMEOUT, default 10m).
+	// Reaching it is a clean stop: the rest is due again at the next run.
+	Timeout time.Duration
+	// BatchSize is the most payload rows one DELETE removes (JANITOR_BATCH_SIZE,
+	// 1..1000, default 1000): short transactions keep locks and WAL bursts small.
+	BatchSize int
+	// PushgatewayURL, when set, receives the run's metrics (PUSHGATEWAY_URL);
+	// otherwise the figures appear only in the summary log line.
+	PushgatewayURL string
+	// PushTimeout bounds the push to the gateway (PUSHGATEWAY_TIMEOUT, default 10s).
+	PushTimeout time.Duration
+	// LogLevel is debug, info, warn or error (LOG_LEVEL, default info).
+	LogLevel string
+}
+
+// Defaults.
+const (
+	DefaultTimeout     = 10 * time.Minute
+	DefaultPushTimeout = 10 * time.Second
+)
+
+// ErrConfig marks a configuration the janitor refuses to run with.
+var ErrConfig = errors.New("invalid configuration")
+
+type setting struct {
+	env, usage string
+	def        string
+}
+
+// LoadConfig reads the environment through getenv, then args. -h prints
+// every setting to stderr and returns flag.ErrHelp.
+func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
+	settings := []setting{
+		{"DATABASE_URL", "PostgreSQL URL for the envelopeworker_janitor role (required)", ""},
+		{"JANITOR_TIMEOUT", "Go duration bounding one cycle of deletes", DefaultTimeout.String()},
+		{"JANITOR_BATCH_SIZE", "payload rows deleted per batch, 1-1000", strconv.Itoa(store.MaxDeleteBatch)},
+		{"PUSHGATEWAY_URL", "Prometheus Pushgateway base URL; empty: metrics only in the summary log line", ""},
+		{"PUSHGATEWAY_TIMEOUT", "Go duration bounding the metrics push", DefaultPushTimeout.String()},
+		{"LOG_LEVEL", "debug, info, warn or error", "info"},
+	}
+	fs := flag.NewFlagSet("retention-janitor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	// Flags are registered with the documented defaults, not the values
+	// found in the environment: -h must not print a DATABASE_URL password.
+	flags := make(map[string]*string, len(settings))
+	for _, s := range settings {
+		flags[s.env] = fs.String(flagName(s.env), s.def, s.usage+" (env "+s.env+")")
+	}
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: retention-janitor [flags]\n\nDeletes expired inbound payloads once and exits. Every flag also reads the environment variable named after it; a flag given wins.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("%w: unexpected argument %q", ErrConfig, fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	vals := make(map[string]*string, len(settings))
+	for _, s := range settings {
+		v := *flags[s.env]
+		if env := getenv(s.env); env != "" && !given[flagName(s.env)] {
+			v = env
+		}
+		vals[s.env] = &v
+	}
+
+	var c Config
+	var err error
+	c.DatabaseURL = *vals["DATABASE_URL"]
+	if c.DatabaseURL == "" {
+		return Config{}, fmt.Errorf("%w: DATABASE_URL is required", ErrConfig)
+	}
+	if c.Timeout, err = positiveDuration("JANITOR_TIMEOUT", *vals["JANITOR_TIMEOUT"]); err != nil {
+		return Config{}, err
+	}
+	if c.PushTimeout, err = positiveDuration("PUSHGATEWAY_TIMEOUT", *vals["PUSHGATEWAY_TIMEOUT"]); err != nil {
+		return Config{}, err
+	}
+	n, err := strconv.Atoi(*vals["JANITOR_BATCH_SIZE"])
+	if err != nil || n < 1 || n > store.MaxDeleteBatch {
+		return Config{}, fmt.Errorf("%w: JANITOR_BATCH_SIZE must be an integer from 1 to %d", ErrConfig, store.MaxDeleteBatch)
+	}
+	c.BatchSize = n
+	c.PushgatewayURL = *vals["PUSHGATEWAY_URL"]
+	if c.PushgatewayURL != "" {
+		u, err := url.Parse(c.PushgatewayURL)
+		// The URL is not echoed: it may carry basic-auth credentials.
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return Config{}, fmt.Errorf("%w: PUSHGATEWAY_URL must be an http or https URL", ErrConfig)
+		}
+	}
+	c.LogLevel = *vals["LOG_LEVEL"]
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return Config{}, fmt.Errorf("%w: LOG_LEVEL must be debug, info, warn or error", ErrConfig)
+	}
+	return c, nil
+}
+
+func positiveDuration(name, v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: %s must be a positive Go duration such as 10m", ErrConfig, name)
+	}
+	return d, nil
+}
+
+// flagName maps FOO_BAR to foo-bar.
+func flagName(env string) string {
+	b := []byte(env)
+	for i, c := range b {
+		switch {
+		case c == '_':
+			b[i] = '-'
+		case c >= 'A' && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,166 @@
+package janitor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+
+	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+)
+
+const janitorRole = "envelopeworker_janitor"
+
+// fixture is one migrated test database with seeded rows.
+type fixture struct {
+	adminDSN   string
+	janitorDSN string
+	admin      *sql.DB
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	dsn := storetest.NewDatabase(t)
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	f := &fixture{adminDSN: dsn, janitorDSN: storetest.DSNForRole(dsn, janitorRole), admin: admin}
+	// Rows of every table the janitor must never touch.
+	f.exec(t, `INSERT INTO credentials (tenant_id, credential_id, token_digest, account_id, device_id, role)
+		VALUES ('t1', 'c1', sha256('tok'::bytea), 'a1', 'd1', 'device')`)
+	f.exec(t, `INSERT INTO producer_keys (tenant_id, key_id, public_key, state, retired_at)
+		VALUES ('t1', 'k-old', sha256('pk'::bytea), 'retired', now() - interval '200 days')`)
+	f.exec(t, `INSERT INTO streams (tenant_id, project_id, producer_id, cursor, replay_floor) VALUES ('t1', 'p1', 'd1', 5, 2)`)
+	f.exec(t, `INSERT INTO audit_events (tenant_id, project_id, outcome, reason) VALUES ('t1', 'p1', 'refused', 'bad_signature')`)
+	return f
+}
+
+func (f *fixture) exec(t testing.TB, q string, args ...any) {
+	t.Helper()
+	if _, err := f.admin.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func (f *fixture) count(t testing.TB, q string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := f.admin.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// seed adds identities with sequences from..to of stream (t1, p1, d1) and a
+// payload for each: the first expired ones expired a day ago, the rest
+// expire in a day. Set-based SQL keeps 100,000 rows to seconds.
+func (f *fixture) seed(t testing.TB, from, to, expired int64) {
+	t.Helper()
+	f.exec(t, `INSERT INTO event_identities
+		(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at)
+		SELECT 't1', sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to)
+	f.exec(t, `INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+		SELECT 't1', sha256(('e' || i)::bytea), convert_to('{"sequence":' || i || '}', 'UTF8'),
+		       CASE WHEN i < $1::bigint + $3::bigint THEN now() - interval '1 day' ELSE now() + interval '1 day' END
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, expired)
+}
+
+// snapshot fingerprints every table the janitor must leave alone.
+func (f *fixture) snapshot(t testing.TB) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, table := range []string{"credentials", "producer_keys", "streams", "event_identities", "audit_events", "schema_migrations"} {
+		var s sql.NullString
+		q := `SELECT count(*)::text || ':' || coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '') FROM ` + table + ` AS x`
+		if err := f.admin.QueryRow(q).Scan(&s); err != nil {
+			t.Fatalf("snapshot %s: %v", table, err)
+		}
+		out[table] = s.String
+	}
+	return out
+}
+
+func (f *fixture) assertUntouched(t testing.TB, before map[string]string) {
+	t.Helper()
+	after := f.snapshot(t)
+	for table, v := range before {
+		if after[table] != v {
+			t.Errorf("table %s changed: %s -> %s", table, v, after[table])
+		}
+	}
+}
+
+func (f *fixture) payloads(t testing.TB) (expired, live int64) {
+	t.Helper()
+	return f.count(t, `SELECT count(*) FROM inbound_payloads WHERE expires_at <= now()`),
+		f.count(t, `SELECT count(*) FROM inbound_payloads WHERE expires_at > now()`)
+}
+
+// recorder is the real store with a record of each batch's size.
+type recorder struct {
+	Deleter
+	mu      sync.Mutex
+	sizes   []int
+	onBatch func(n int) // called after each successful DELETE
+}
+
+func (r *recorder) DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error) {
+	n, err := r.Deleter.DeleteExpiredPayloads(ctx, now, batch)
+	if err == nil {
+		r.mu.Lock()
+		r.sizes = append(r.sizes, n)
+		r.mu.Unlock()
+		if r.onBatch != nil {
+			r.onBatch(n)
+		}
+	}
+	return n, err
+}
+
+// summaryLine is the decoded summary log line.
+type summaryLine struct {
+	Level           string  `json:"level"`
+	Msg             string  `json:"msg"`
+	RowsDeleted     int64   `json:"rows_deleted"`
+	Batches         int     `json:"batches"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	StoppedBy       string  `json:"stopped_by"`
+	Pushed          bool    `json:"pushed"`
+	Error           string  `json:"error"`
+}
+
+// runJanitor runs the whole binary's logic and returns its one summary line.
+func runJanitor(t testing.TB, ctx context.Context, env map[string]string, args ...string) (summaryLine, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := Run(ctx, args, envOf(env), &stdout, &stderr)
+	var found []summaryLine
+	sc := bufio.NewScanner(&stdout)
+	raw := stdout.String()
+	for sc.Scan() {
+		var l summaryLine
+		if jerr := json.Unmarshal(sc.Bytes(), &l); jerr != nil {
+			t.Fatalf("log line is not JSON: %q", sc.Text())
+		}
+		if l.Msg == SummaryMessage {
+			found = append(found, l)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want exactly one summary line, got %d in:\n%s", len(found), raw)
+	}
+	if strings.TrimSpace(stderr.String()) != "" {
+		t.Errorf("unexpected stderr: %s", stderr.String())
+	}
+	return found[0], raw, err
+}

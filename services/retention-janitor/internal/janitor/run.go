@@ -1,0 +1,169 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// LockKey is the advisory lock key one janitor run holds. Advisory locks are
+// per database, so janitors of different databases never exclude each other.
+const LockKey int64 = 0x6a616e69746f72 // "janitor"
+
+// SummaryMessage is the msg of the one summary log line of a run.
+const SummaryMessage = "retention summary"
+
+// unlockTimeout bounds the cleanup statements run after ctx may have ended.
+const unlockTimeout = 5 * time.Second
+
+// setupTimeout bounds connecting, locking and the schema check, which
+// JANITOR_TIMEOUT (the delete cycle's budget) does not cover: an unreachable
+// database fails the run instead of hanging until the Job's deadline.
+const setupTimeout = time.Minute
+
+// Run is the whole janitor process: configuration from args and getenv,
+// JSON logs to stdout, one cycle, the summary line and the optional push.
+// It returns flag.ErrHelp after -h, nil for a clean stop (including timeout,
+// SIGTERM on ctx and a lock held by another run), and an error when the run
+// failed.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := LoadConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("%w: log level: %w", ErrConfig, err)
+	}
+	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+	return cycle(ctx, cfg, log)
+}
+
+func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
+	start := time.Now()
+	var sum Summary
+	defer func() {
+		end := time.Now()
+		sum.Duration = end.Sub(start)
+		if err != nil {
+			sum.StoppedBy = StoppedError
+		}
+		pushed := false
+		if cfg.PushgatewayURL != "" && sum.StoppedBy != StoppedLockHeld {
+			// The push runs even after SIGTERM: it is short and bounded, and
+			// the figures of an interrupted run are worth having.
+			if perr := pushMetrics(context.WithoutCancel(ctx), cfg.PushgatewayURL, cfg.PushTimeout, sum, err != nil, end); perr != nil {
+				err = errors.Join(err, perr)
+				sum.StoppedBy = StoppedError
+			} else {
+				pushed = true
+			}
+		}
+		attrs := []any{
+			slog.Int64("rows_deleted", sum.RowsDeleted),
+			slog.Int("batches", sum.Batches),
+			slog.Float64("duration_seconds", sum.Duration.Seconds()),
+			slog.String("stopped_by", string(sum.StoppedBy)),
+			slog.Int("batch_size", cfg.BatchSize),
+			slog.Bool("pushed", pushed),
+		}
+		if err != nil {
+			attrs = append(attrs, slog.String("error", err.Error()))
+			log.Error(SummaryMessage, attrs...)
+			return
+		}
+		log.Info(SummaryMessage, attrs...)
+	}()
+
+	// SIGTERM before the first delete is a clean stop too.
+	canceled := func(err error) error {
+		if ctx.Err() != nil {
+			sum.StoppedBy = StoppedCanceled
+			return nil
+		}
+		return err
+	}
+	setupCtx, cancelSetup := context.WithTimeout(ctx, setupTimeout)
+	defer cancelSetup()
+	lock, held, cutoff, err := tryLock(setupCtx, cfg.DatabaseURL)
+	if err != nil {
+		return canceled(err)
+	}
+	defer func() {
+		if uerr := unlock(ctx, lock, held); uerr != nil && err == nil {
+			// The run's work is committed; a failed unlock only means the
+			// session ends (and releases the lock) when the process exits.
+			log.Warn("advisory unlock failed", slog.String("error", uerr.Error()))
+		}
+	}()
+	if !held {
+		log.Info("another retention-janitor run holds the advisory lock; exiting")
+		sum.StoppedBy = StoppedLockHeld
+		return nil
+	}
+
+	st, err := store.Open(setupCtx, cfg.DatabaseURL, store.Options{MaxOpenConns: 1, ApplicationName: "retention-janitor"})
+	if err != nil {
+		return canceled(fmt.Errorf("open store: %w", err))
+	}
+	defer st.Close()
+	v, err := st.SchemaVersion(setupCtx)
+	if err != nil {
+		return canceled(fmt.Errorf("schema version: %w", err))
+	}
+	if v < migrations.Latest() {
+		return fmt.Errorf("schema version %d is older than %d: run envctl migrate first", v, migrations.Latest())
+	}
+
+	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
+	defer cancel()
+	sum, err = Sweep(cycleCtx, st, cutoff, cfg.BatchSize)
+	return err
+}
+
+// tryLock opens the lock's own connection and tries the advisory lock. The
+// lock belongs to that session, so closing the connection (or the process
+// dying) releases it. It also returns the database's clock as the cycle's
+// cutoff: the one clock every janitor pod shares, so a pod whose own clock
+// runs ahead does not delete payloads early.
+func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error) {
+	cc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may hold a password; its text is never echoed.
+		return nil, false, time.Time{}, fmt.Errorf("%w: DATABASE_URL is not a valid PostgreSQL URL", ErrConfig)
+	}
+	cc.RuntimeParams["application_name"] = "retention-janitor-lock"
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		// pgconn's message names host, user and database, never the password.
+		return nil, false, time.Time{}, fmt.Errorf("connect: %w: %w", store.ErrUnavailable, err)
+	}
+	var held bool
+	var now time.Time
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1), now()`, LockKey).Scan(&held, &now); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, false, time.Time{}, fmt.Errorf("advisory lock: %w: %w", store.ErrUnavailable, err)
+	}
+	return conn, held, now, nil
+}
+
+func unlock(ctx context.Context, conn *pgx.Conn, held bool) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
+	var err error
+	if held {
+		_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, LockKey)
+	}
+	if cerr := conn.Close(ctx); err == nil {
+		err = cerr
+	}
+	return err
+}

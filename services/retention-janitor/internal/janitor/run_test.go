@@ -1,0 +1,396 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+)
+
+func TestRunDeletesAndLogsOneSummary(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 3_000, 2_500)
+	before := f.snapshot(t)
+	sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, raw)
+	}
+	if sum.Level != "INFO" || sum.RowsDeleted != 2_500 || sum.Batches != 3 || sum.StoppedBy != "done" || sum.Pushed || sum.Error != "" {
+		t.Fatalf("summary = %+v", sum)
+	}
+	if sum.DurationSeconds <= 0 {
+		t.Fatalf("duration_seconds = %v", sum.DurationSeconds)
+	}
+	if expired, live := f.payloads(t); expired != 0 || live != 500 {
+		t.Fatalf("after run: %d expired, %d live", expired, live)
+	}
+	f.assertUntouched(t, before)
+	// The lock is released when the run ends: a second run proceeds.
+	sum, _, err = runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN}, "--janitor-batch-size", "10")
+	if err != nil || sum.StoppedBy != "done" || sum.RowsDeleted != 0 {
+		t.Fatalf("second run: %+v, %v", sum, err)
+	}
+}
+
+func TestRunHelp(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr strings.Builder
+	err := Run(context.Background(), []string{"-h"}, envOf(nil), &stdout, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	if !strings.Contains(stderr.String(), "-janitor-timeout") || stdout.Len() != 0 {
+		t.Fatalf("help went astray: stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+}
+
+func TestRunSkipsWhenAnotherRunHoldsTheLock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 100, 100)
+	conn, err := f.admin.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_lock($1)`, LockKey); err != nil {
+		t.Fatal(err)
+	}
+	gw := newGateway(t, http.StatusOK)
+	sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN, "PUSHGATEWAY_URL": gw.URL})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if sum.StoppedBy != "lock_held" || sum.RowsDeleted != 0 || sum.Batches != 0 || sum.Pushed {
+		t.Fatalf("summary = %+v", sum)
+	}
+	if !strings.Contains(raw, "holds the advisory lock") {
+		t.Fatalf("no lock message in:\n%s", raw)
+	}
+	if n := len(gw.requests()); n != 0 {
+		t.Fatalf("a skipped run pushed %d times", n)
+	}
+	if expired, _ := f.payloads(t); expired != 100 {
+		t.Fatalf("expired payloads = %d, want 100 untouched", expired)
+	}
+	// Released: the next run deletes.
+	if _, err := conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, LockKey); err != nil {
+		t.Fatal(err)
+	}
+	sum, _, err = runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
+	if err != nil || sum.RowsDeleted != 100 {
+		t.Fatalf("run after unlock: %+v, %v", sum, err)
+	}
+}
+
+func TestTwoRunsAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 30_000, 25_000)
+	var wg sync.WaitGroup
+	sums := make([]summaryLine, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sums[i], _, errs[i] = runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
+		}()
+	}
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatalf("run %d: %v", i, errs[i])
+		}
+		// Either the runs did not overlap (both done, the later one finds
+		// nothing) or one found the lock held.
+		if s := sums[i].StoppedBy; s != "done" && s != "lock_held" {
+			t.Fatalf("run %d stopped by %s", i, s)
+		}
+	}
+	if total := sums[0].RowsDeleted + sums[1].RowsDeleted; total != 25_000 {
+		t.Fatalf("rows deleted %d + %d, want 25000", sums[0].RowsDeleted, sums[1].RowsDeleted)
+	}
+	if expired, live := f.payloads(t); expired != 0 || live != 5_000 {
+		t.Fatalf("after runs: %d expired, %d live", expired, live)
+	}
+}
+
+func TestRunTimeoutIsACleanStop(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 100, 100)
+	sum, _, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN, "JANITOR_TIMEOUT": "1ns"})
+	if err != nil {
+		t.Fatalf("a timeout is not a failure: %v", err)
+	}
+	if sum.StoppedBy != "timeout" || sum.RowsDeleted != 0 || sum.Batches != 0 || sum.Level != "INFO" {
+		t.Fatalf("summary = %+v", sum)
+	}
+	if expired, _ := f.payloads(t); expired != 100 {
+		t.Fatalf("expired payloads = %d, want 100 left for the next run", expired)
+	}
+}
+
+func TestRunFailures(t *testing.T) {
+	t.Parallel()
+	t.Run("schema not migrated", func(t *testing.T) {
+		t.Parallel()
+		dsn := storetest.DSNForRole(storetest.NewEmptyDatabase(t), janitorRole)
+		sum, _, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": dsn})
+		if err == nil || sum.StoppedBy != "error" || sum.Level != "ERROR" || sum.Error == "" {
+			t.Fatalf("summary %+v, err %v; want a failure", sum, err)
+		}
+	})
+	t.Run("database unreachable", func(t *testing.T) {
+		t.Parallel()
+		// A password in the DSN must not reach the log or the error.
+		dsn := strings.Replace(storetest.WithDatabase(storetest.AdminDSN(), "envelopeworker_no_such_db"), "://postgres@", "://postgres:pw-secret-1@", 1)
+		sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": dsn})
+		if !errors.Is(err, store.ErrUnavailable) || sum.StoppedBy != "error" {
+			t.Fatalf("summary %+v, err %v; want ErrUnavailable", sum, err)
+		}
+		if strings.Contains(raw, "pw-secret-1") || strings.Contains(err.Error(), "pw-secret-1") {
+			t.Fatalf("password leaked: %s / %v", raw, err)
+		}
+	})
+	t.Run("malformed url", func(t *testing.T) {
+		t.Parallel()
+		sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": "postgres://u:pw-secret-2@[::1"})
+		if !errors.Is(err, ErrConfig) || sum.StoppedBy != "error" {
+			t.Fatalf("summary %+v, err %v; want ErrConfig", sum, err)
+		}
+		if strings.Contains(raw, "pw-secret-2") || strings.Contains(err.Error(), "pw-secret-2") {
+			t.Fatalf("password leaked: %s / %v", raw, err)
+		}
+	})
+}
+
+// gateway is an httptest Pushgateway that records what it receives.
+type gateway struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []pushed
+}
+
+type pushed struct {
+	method, path string
+	families     map[string]*dto.MetricFamily
+}
+
+func newGateway(t *testing.T, status int) *gateway {
+	g := &gateway{}
+	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fams := map[string]*dto.MetricFamily{}
+		dec := expfmt.NewDecoder(r.Body, expfmt.ResponseFormat(r.Header))
+		for {
+			mf := &dto.MetricFamily{}
+			if err := dec.Decode(mf); err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Errorf("decode pushed metrics: %v", err)
+				}
+				break
+			}
+			fams[mf.GetName()] = mf
+		}
+		g.mu.Lock()
+		g.reqs = append(g.reqs, pushed{method: r.Method, path: r.URL.Path, families: fams})
+		g.mu.Unlock()
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(g.Close)
+	return g
+}
+
+func (g *gateway) requests() []pushed {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]pushed(nil), g.reqs...)
+}
+
+func gaugeValue(t *testing.T, fams map[string]*dto.MetricFamily, name string) float64 {
+	t.Helper()
+	mf, ok := fams[name]
+	if !ok || len(mf.GetMetric()) != 1 {
+		t.Fatalf("metric %s missing or not single in push: %v", name, fams)
+	}
+	return mf.GetMetric()[0].GetGauge().GetValue()
+}
+
+func TestRunPushesMetrics(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 1_200, 1_200)
+	gw := newGateway(t, http.StatusOK)
+	sum, _, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN, "PUSHGATEWAY_URL": gw.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sum.Pushed || sum.RowsDeleted != 1_200 {
+		t.Fatalf("summary = %+v", sum)
+	}
+	reqs := gw.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("pushes = %d, want 1", len(reqs))
+	}
+	p := reqs[0]
+	if p.method != http.MethodPut || p.path != "/metrics/job/"+PushJob {
+		t.Fatalf("push %s %s", p.method, p.path)
+	}
+	want := []string{MetricRowsDeleted, MetricBatches, MetricDuration, MetricSuccess, MetricStoppedBy, MetricRunTimestamp, MetricLastSuccessTS}
+	if len(p.families) != len(want) {
+		t.Errorf("pushed %d families, want %d: %v", len(p.families), len(want), p.families)
+	}
+	for _, name := range want {
+		if _, ok := p.families[name]; !ok {
+			t.Errorf("metric %s not pushed", name)
+		}
+	}
+	if v := gaugeValue(t, p.families, MetricRowsDeleted); v != 1200 {
+		t.Errorf("rows deleted = %v", v)
+	}
+	if v := gaugeValue(t, p.families, MetricBatches); v != 2 {
+		t.Errorf("batches = %v", v)
+	}
+	if v := gaugeValue(t, p.families, MetricSuccess); v != 1 {
+		t.Errorf("success = %v", v)
+	}
+	labels := p.families[MetricStoppedBy].GetMetric()[0].GetLabel()
+	if len(labels) != 1 || labels[0].GetName() != "stopped_by" || labels[0].GetValue() != "done" {
+		t.Errorf("stopped_by labels = %v", labels)
+	}
+}
+
+func TestRunFailedRunPushesWithoutSuccessTimestamp(t *testing.T) {
+	t.Parallel()
+	gw := newGateway(t, http.StatusOK)
+	dsn := storetest.DSNForRole(storetest.NewEmptyDatabase(t), janitorRole)
+	sum, _, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": dsn, "PUSHGATEWAY_URL": gw.URL})
+	if err == nil || sum.StoppedBy != "error" {
+		t.Fatalf("summary %+v, err %v; want a failure", sum, err)
+	}
+	reqs := gw.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("pushes = %d, want 1", len(reqs))
+	}
+	// POST keeps the previous success timestamp in the gateway's group.
+	if reqs[0].method != http.MethodPost {
+		t.Fatalf("failed run pushed with %s, want POST", reqs[0].method)
+	}
+	if _, ok := reqs[0].families[MetricLastSuccessTS]; ok {
+		t.Fatal("a failed run pushed a success timestamp")
+	}
+	if v := gaugeValue(t, reqs[0].families, MetricSuccess); v != 0 {
+		t.Fatalf("success = %v, want 0", v)
+	}
+}
+
+func TestRunPushFailureFailsTheRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 10, 10)
+	gw := newGateway(t, http.StatusInternalServerError)
+	sum, _, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN, "PUSHGATEWAY_URL": gw.URL})
+	if err == nil || !strings.Contains(err.Error(), "push metrics") {
+		t.Fatalf("err = %v, want a push failure", err)
+	}
+	if sum.StoppedBy != "error" || sum.RowsDeleted != 10 || sum.Pushed {
+		t.Fatalf("summary = %+v; the deletes stand, the run fails", sum)
+	}
+}
+
+func TestRunCanceledBeforeStartIsACleanStop(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 100, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	sum, _, err := runJanitor(t, ctx, map[string]string{"DATABASE_URL": f.janitorDSN})
+	if err != nil {
+		t.Fatalf("SIGTERM is not a failure: %v", err)
+	}
+	if sum.StoppedBy != "canceled" || sum.RowsDeleted != 0 {
+		t.Fatalf("summary = %+v", sum)
+	}
+	if expired, _ := f.payloads(t); expired != 100 {
+		t.Fatalf("expired payloads = %d, want 100", expired)
+	}
+}
+
+// TestRunSIGTERMDuringADeleteRollsItBack blocks the janitor's DELETE on a row
+// lock held by another session, then cancels the run as SIGTERM does: the
+// statement is cancelled on the server, rolls back whole, and the run ends
+// cleanly.
+func TestRunSIGTERMDuringADeleteRollsItBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 10, 10)
+	ctx := context.Background()
+	tx, err := f.admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM inbound_payloads WHERE event_identity = sha256('e7'::bytea) FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		sum summaryLine
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, _, err := runJanitor(t, runCtx, map[string]string{"DATABASE_URL": f.janitorDSN})
+		done <- result{sum, err}
+	}()
+	// Wait until the janitor's DELETE waits for the row lock: a condition,
+	// not a sleep.
+	waitCtx, waitCancel := context.WithTimeout(ctx, time.Minute)
+	defer waitCancel()
+	for {
+		var waiting int
+		err := f.admin.QueryRowContext(waitCtx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'retention-janitor' AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatalf("janitor never blocked on the row lock: %v", err)
+		}
+		if waiting == 1 {
+			break
+		}
+		select {
+		case <-waitCtx.Done():
+		case <-time.After(10 * time.Millisecond): // poll interval, not an assertion
+		}
+	}
+	cancel()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("SIGTERM is a clean stop: %v", r.err)
+	}
+	if r.sum.StoppedBy != "canceled" || r.sum.RowsDeleted != 0 || r.sum.Batches != 0 {
+		t.Fatalf("summary = %+v", r.sum)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	// The cancelled DELETE rolled back: all ten rows are still there.
+	if expired, _ := f.payloads(t); expired != 10 {
+		t.Fatalf("expired payloads = %d, want 10", expired)
+	}
+}

@@ -1,0 +1,29 @@
+// Command retention-janitor deletes expired inbound payloads once and exits;
+// it runs as a Kubernetes CronJob. See internal/janitor for what it owns and
+// retention-janitor -h for its configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/janitor"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	err := janitor.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "retention-janitor:", err)
+		os.Exit(1)
+	}
+}
