@@ -7,7 +7,11 @@
 # (event_conflict), a producer_id that is not the device (route_mismatch), an envelope signed by a key
 # other than the registered one (bad_signature), an Idempotency-Key header that disagrees with the
 # envelope (idempotency_key_mismatch), a batch of 5 and 6; then reads the stream state over HTTP and the
-# audit rows with envctl. Every answer is printed and checked; a surprise makes the exit status 1.
+# audit rows with envctl. Then the outbox: it registers an endpoint pointing at the local webhook-sink,
+# POSTs /v1/outbox as the service (201), repeats it (200, byte-identical), shows idempotency_conflict and
+# no_endpoint, polls GET /v1/outbox/{id} until the worker has delivered it (bounded), and prints what the
+# sink received (signature checked, envelope verified with the outbound public key). Every answer is
+# printed and checked; a surprise makes the exit status 1.
 set -euo pipefail
 umask 077
 script_name=demo.sh
@@ -104,6 +108,87 @@ esac
 printf '\n== the last audit rows (envctl audit list --tenant %s --project %s --limit 4)\n' "$DEMO_TENANT" "$project"
 "$envctl" audit list --database-url "$DATABASE_URL" --tenant "$DEMO_TENANT" --project "$project" --limit 4 |
 	sed 's/^/   /' || surprises=$((surprises + 1))
+
+# --- the outbox ---------------------------------------------------------------------------------------
+
+if [ -n "${SINK_URL:-}" ] && [ -f "$stack/service.token" ]; then
+	printf 'Authorization: Bearer %s\n' "$(cat "$stack/service.token")" >"$drafts/service.header"
+
+	# api METHOD PATH [BODY]: as the service; sets $code and $answer.
+	api() {
+		local out body=()
+		[ $# -lt 3 ] || body=(--data-binary "$3")
+		out=$(curl -sS --max-time 10 -H "@$drafts/service.header" -H 'Content-Type: application/json' \
+			-X "$1" "${body[@]}" -w '\n%{http_code}' "$INGEST_URL$2" 2>&1) || true
+		code=${out##*$'\n'}
+		answer=${out%$'\n'*}
+	}
+	# check WANT_CODE WANT_TEXT TITLE: prints and checks the last answer.
+	check() {
+		printf '   HTTP %s\n   %s\n' "$code" "$answer"
+		if [ "$code" != "$1" ] || ! printf '%s' "$answer" | grep -q -- "$2"; then
+			printf '   !! expected HTTP %s with %s\n' "$1" "$2"
+			surprises=$((surprises + 1))
+		fi
+	}
+
+	topic=task.proposals
+	printf '\n== envctl endpoint add: %s/%s -> %s (secret ref %s)\n' "$project" "$topic" "$SINK_URL" "$DEMO_SECRET_REF"
+	endpoint=$("$envctl" endpoint add --database-url "$DATABASE_URL" --tenant "$DEMO_TENANT" --project "$project" \
+		--topic "$topic" --url "$SINK_URL" --secret-ref "$DEMO_SECRET_REF") || {
+		printf '   !! endpoint add failed\n'
+		surprises=$((surprises + 1))
+	}
+	printf '   %s\n' "$endpoint"
+
+	request='{"project_id":"'"$project"'","topic":"'"$topic"'","idempotency_key":"proposal-1","kind":"proposal","payload":{"title":"rotate the build key","by":"demo"},"max_attempts":5}'
+	printf '\n== POST /v1/outbox as %s: a new message, signed with %s (201)\n' "$DEMO_SERVICE" "$DEMO_OUT_KEY_ID"
+	api POST /v1/outbox "$request"
+	check 201 '"message_ids":\["msg_'
+	first=$answer
+	message=$(printf '%s' "$answer" | sed -n 's/.*"message_ids":\["\([^"]*\)".*/\1/p')
+
+	printf '\n== the same request again: 200 with the byte-identical envelope and ids\n'
+	api POST /v1/outbox "$request"
+	check 200 '"message_ids"'
+	if [ "$answer" != "$first" ]; then
+		printf '   !! the repeat is not byte-identical to the first answer\n'
+		surprises=$((surprises + 1))
+	fi
+
+	printf '\n== the same idempotency key with other content: idempotency_conflict\n'
+	api POST /v1/outbox "${request/rotate the build key/something else}"
+	check 422 '"reason":"idempotency_conflict"'
+
+	printf '\n== a topic nobody subscribed to (new key): no_endpoint, and no sequence taken\n'
+	nobody=${request/$topic/task.nobody}
+	api POST /v1/outbox "${nobody/proposal-1/proposal-2}"
+	check 422 '"reason":"no_endpoint"'
+
+	printf '\n== that key on the subscribed topic: sequence 2 (the refusals took none)\n'
+	api POST /v1/outbox "${request/proposal-1/proposal-2}"
+	check 201 '"sequence":2,'
+
+	printf '\n== GET /v1/outbox/%s until the delivery-worker has delivered it (at most 30 s)\n' "${message:-?}"
+	status=""
+	for _ in $(seq 1 60); do
+		[ -n "$message" ] || break
+		api GET "/v1/outbox/$message"
+		status=$(printf '%s' "$answer" | sed -n 's/.*"status":"\([a-z]*\)".*/\1/p')
+		case "$status" in delivered | dead) break ;; esac
+		sleep 0.5
+	done
+	check 200 '"status":"delivered"'
+
+	printf '\n== what the webhook-sink received (.tmp/stack/webhook-sink.log)\n'
+	received=$(grep -F "\"webhook_id\":\"${message:-none}\"" "$stack/webhook-sink.log" || true)
+	printf '%s\n' "${received:-(nothing)}" | sed 's/^/   /'
+	case "$received" in
+	*'"result":"accepted"'*'"signature":"verified"'*) ;;
+	*) printf '   !! expected an accepted delivery with a verified envelope signature\n'; surprises=$((surprises + 1)) ;;
+	esac
+	rm -f "$drafts/service.header"
+fi
 
 echo
 if [ "$surprises" -gt 0 ]; then

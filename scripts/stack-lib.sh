@@ -79,6 +79,15 @@ build_bins() {
 	(cd "$root" && go build -o "$bindir/ingest-api" "$(ingest_pkg)") || die "go build ingest-api failed"
 }
 
+# build_stack_bins: build_bins plus what the outbox half of the stack runs: delivery-worker and the demo's
+# webhook-sink.
+build_stack_bins() {
+	build_bins
+	log "building delivery-worker and webhook-sink into .tmp/bin"
+	(cd "$root" && go build -o "$bindir/delivery-worker" ./services/delivery-worker) || die "go build delivery-worker failed"
+	(cd "$root" && go build -o "$bindir/webhook-sink" ./tools/webhook-sink) || die "go build webhook-sink failed"
+}
+
 # alive PIDFILE NAME -> 0 when the recorded pid runs the named binary (a recycled pid is not ours).
 alive() {
 	local pidfile=$1 name=$2 pid
@@ -88,6 +97,16 @@ alive() {
 	kill -0 "$pid" 2>/dev/null || return 1
 	[ -r "/proc/$pid/cmdline" ] || return 0 # no procfs: trust the pid file
 	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$name"
+}
+
+# started PIDFILE -> 0 while the process we just started runs. The start-up waits use this rather than
+# alive: between fork and exec the child's command line is still the shell's, and a pid this fresh cannot
+# have been recycled.
+started() {
+	local pid
+	pid=$(cat "$1" 2>/dev/null) || return 1
+	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
+	kill -0 "$pid" 2>/dev/null
 }
 
 # stop_pidfile PIDFILE NAME: SIGTERM, up to 30 s for a graceful exit, then SIGKILL.
@@ -123,11 +142,44 @@ start_ingest() {
 	echo $! >"$pidfile"
 }
 
+# start_bg NAME PIDFILE LOGFILE [ARGS...]: starts .tmp/bin/NAME ARGS in the background with the caller's
+# exported environment, detached from the terminal, recording its pid.
+start_bg() {
+	local name=$1 pidfile=$2 logfile=$3
+	shift 3
+	if command -v setsid >/dev/null 2>&1; then
+		setsid "$bindir/$name" "$@" >"$logfile" 2>&1 </dev/null &
+	else
+		nohup "$bindir/$name" "$@" >"$logfile" 2>&1 </dev/null &
+	fi
+	echo $! >"$pidfile"
+}
+
+# wait_http URL NAME PIDFILE LOGFILE SECONDS [ok]: polls URL until it answers (any HTTP status, or only a
+# 2xx with "ok"), the process dies, or time runs out.
+wait_http() {
+	local url=$1 name=$2 pidfile=$3 logfile=$4 secs=$5 fail=""
+	local i
+	[ "${6:-}" = ok ] && fail=-f
+	for i in $(seq 1 $((secs * 4))); do
+		if ! started "$pidfile"; then
+			tail -n 20 "$logfile" >&2 || true
+			die "$name exited during start-up (log: ${logfile#"$root"/})"
+		fi
+		if curl $fail -sS -o /dev/null --max-time 2 "$url" 2>/dev/null; then
+			return 0
+		fi
+		sleep 0.25
+	done
+	tail -n 20 "$logfile" >&2 || true
+	die "$name not answering after $secs s (log: ${logfile#"$root"/})"
+}
+
 # wait_ready URL PIDFILE LOGFILE SECONDS: polls URL/readyz until 200, the process dies, or time runs out.
 wait_ready() {
 	local url=$1 pidfile=$2 logfile=$3 secs=$4 i
 	for i in $(seq 1 $((secs * 4))); do
-		if ! alive "$pidfile" ingest-api; then
+		if ! started "$pidfile"; then
 			tail -n 20 "$logfile" >&2 || true
 			die "ingest-api exited during start-up (log: ${logfile#"$root"/})"
 		fi

@@ -9,10 +9,17 @@
 #   4. ingest-api in the background on the first free port from 8080 (INGEST_PORT), metrics from 9090
 #      (METRICS_PORT), as the least-privilege role envelopeworker_ingest when the server lets it in;
 #      log in .tmp/stack/ingest-api.log; up.sh waits (bounded) for /readyz.
-#   5. scripts/demo.sh: envelopes in order, a duplicate, a gap and its fill, refusals, a batch, and the
-#      stream state, checking every answer.
+#   5. The outbox half: an outbound Ed25519 key for the demo tenant (OUTBOUND_SIGNING_KEYS_FILE, seed in
+#      .tmp/stack/), a service credential, a generated whsec_ webhook secret (WEBHOOK_SECRETS_FILE), a
+#      local webhook-sink (tools/webhook-sink) on the first free port from 8190 (SINK_PORT) that checks
+#      the Standard Webhooks signature and the envelope signature and logs what it receives to
+#      .tmp/stack/webhook-sink.log, and services/delivery-worker with DELIVERY_ALLOW_INSECURE_LOOPBACK=true
+#      (the sink is plain http on 127.0.0.1), metrics/health from 9190 (WORKER_METRICS_PORT), as
+#      envelopeworker_delivery when the server lets it in.
+#   6. scripts/demo.sh: envelopes in order, a duplicate, a gap and its fill, refusals, a batch, and the
+#      stream state; then an outbox message delivered to the sink; checking every answer.
 #
-# Running it again stops the earlier ingest-api and starts over with a fresh database. Works as root
+# Running it again stops the earlier processes and starts over with a fresh database. Works as root
 # (pg.sh runs PostgreSQL itself as a non-root user) and as a normal user.
 set -euo pipefail
 script_name=up.sh
@@ -25,7 +32,9 @@ umask 077
 mkdir -p "$stack"
 chmod 700 "$stack"
 
-# An earlier run's ingest-api holds connections to the database about to be dropped.
+# An earlier run's processes hold connections to the database about to be dropped.
+stop_pidfile "$stack/delivery-worker.pid" delivery-worker
+stop_pidfile "$stack/webhook-sink.pid" webhook-sink
 stop_pidfile "$stack/ingest-api.pid" ingest-api
 
 if [ -n "${DATABASE_URL:-}" ]; then
@@ -46,7 +55,7 @@ log "fresh database $db on $(redact "$admin")"
 fresh_db "$admin" "$db"
 dsn=$(dsn_with_db "$admin" "$db")
 
-build_bins
+build_stack_bins
 envctl="$bindir/envctl"
 "$envctl" migrate --database-url "$dsn" --timeout 2m >&2
 
@@ -58,8 +67,15 @@ else
 	ingest_dsn=$dsn
 fi
 
-tenant=demo device=device-1 key_id=demo-key-1
-rm -rf "$stack/device.token" "$stack/device.seed" "$stack/stranger.seed" "$stack"/demo-*
+delivery_dsn=$(dsn_with_user "$dsn" envelopeworker_delivery)
+if ! answers "$delivery_dsn"; then
+	delivery_dsn=$dsn
+fi
+
+tenant=demo device=device-1 key_id=demo-key-1 service=svc-1 out_key_id=demo-out-1 secret_ref=demo-hooks
+rm -rf "$stack/device.token" "$stack/device.seed" "$stack/stranger.seed" "$stack"/demo-* \
+	"$stack/service.token" "$stack/outbound.seed" "$stack/outbound-keys.json" "$stack/webhook.secret" \
+	"$stack/webhook-secrets.json"
 "$envctl" credential issue --database-url "$dsn" --tenant "$tenant" --account acct-1 --device "$device" \
 	--role device >"$stack/device.token" || die "credential issue failed"
 pub=$("$envctl" keygen --seed-file "$stack/device.seed")
@@ -68,6 +84,18 @@ pub=$("$envctl" keygen --seed-file "$stack/device.seed")
 # tampered envelope looks like to the service.
 "$envctl" keygen --seed-file "$stack/stranger.seed" >/dev/null
 
+# The outbox: a service credential, the tenant's outbound signing key (only ingest-api's keys file holds
+# the seed; receivers get the public key), and the webhook secret shared by the worker and the sink.
+"$envctl" credential issue --database-url "$dsn" --tenant "$tenant" --account acct-1 --device "$service" \
+	--role service >"$stack/service.token" || die "credential issue (service) failed"
+out_pub=$("$envctl" keygen --seed-file "$stack/outbound.seed")
+printf '{"%s":{"key_id":"%s","seed":"%s"}}\n' "$tenant" "$out_key_id" "$(tr -d '\n' <"$stack/outbound.seed")" \
+	>"$stack/outbound-keys.json"
+secret="whsec_$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
+printf '%s\n' "$secret" >"$stack/webhook.secret"
+printf '{"%s":["%s"]}\n' "$secret_ref" "$secret" >"$stack/webhook-secrets.json"
+unset secret
+
 ingest_port=${INGEST_PORT:-$(free_port 8080)}
 metrics_port=${METRICS_PORT:-$(free_port 9090)}
 [ "$ingest_port" != "$metrics_port" ] || metrics_port=$(free_port $((metrics_port + 1)))
@@ -75,10 +103,31 @@ url="http://127.0.0.1:$ingest_port"
 log "starting ingest-api on $url (metrics on 127.0.0.1:$metrics_port)"
 (
 	export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$ingest_port" METRICS_ADDR="127.0.0.1:$metrics_port"
+	export OUTBOUND_SIGNING_KEYS_FILE="$stack/outbound-keys.json"
 	start_ingest "$stack/ingest-api.pid" "$stack/ingest-api.log"
 )
 wait_ready "$url" "$stack/ingest-api.pid" "$stack/ingest-api.log" "${READY_TIMEOUT:-60}"
 log "ingest-api is ready (pid $(cat "$stack/ingest-api.pid"))"
+
+sink_port=${SINK_PORT:-$(free_port 8190)}
+sink_url="http://127.0.0.1:$sink_port/hooks"
+log "starting webhook-sink on $sink_url"
+start_bg webhook-sink "$stack/webhook-sink.pid" "$stack/webhook-sink.log" --addr "127.0.0.1:$sink_port" \
+	--secret-file "$stack/webhook.secret" --envelope-public-key "$out_pub"
+wait_http "$sink_url" webhook-sink "$stack/webhook-sink.pid" "$stack/webhook-sink.log" 30
+
+worker_metrics_port=${WORKER_METRICS_PORT:-$(free_port 9190)}
+case "$worker_metrics_port" in "$ingest_port" | "$metrics_port" | "$sink_port") die "WORKER_METRICS_PORT collides with another port" ;; esac
+log "starting delivery-worker (metrics and health on 127.0.0.1:$worker_metrics_port)"
+(
+	export DATABASE_URL="$delivery_dsn" METRICS_ADDR="127.0.0.1:$worker_metrics_port"
+	export WEBHOOK_SECRETS_FILE="$stack/webhook-secrets.json" DELIVERY_ALLOW_INSECURE_LOOPBACK=true
+	export DELIVERY_POLL_INTERVAL=${DELIVERY_POLL_INTERVAL:-200ms}
+	start_bg delivery-worker "$stack/delivery-worker.pid" "$stack/delivery-worker.log"
+)
+wait_http "http://127.0.0.1:$worker_metrics_port/readyz" delivery-worker "$stack/delivery-worker.pid" \
+	"$stack/delivery-worker.log" "${READY_TIMEOUT:-60}" ok
+log "delivery-worker is ready (pid $(cat "$stack/delivery-worker.pid"))"
 
 cat >"$stack/env" <<ENV
 # Written by scripts/up.sh; read by scripts/demo.sh.
@@ -88,6 +137,11 @@ METRICS_URL=http://127.0.0.1:$metrics_port/metrics
 DEMO_TENANT=$tenant
 DEMO_DEVICE=$device
 DEMO_KEY_ID=$key_id
+DEMO_SERVICE=$service
+DEMO_OUT_KEY_ID=$out_key_id
+DEMO_SECRET_REF=$secret_ref
+SINK_URL=$sink_url
+WORKER_METRICS_URL=http://127.0.0.1:$worker_metrics_port/metrics
 ENV
 
 demo_status=0
@@ -98,8 +152,12 @@ cat <<MSG
 The stack is up and stays up:
   ingest-api  $url  (pid $(cat "$stack/ingest-api.pid"), log .tmp/stack/ingest-api.log)
   metrics     http://127.0.0.1:$metrics_port/metrics
+  worker      delivery-worker (pid $(cat "$stack/delivery-worker.pid"), log .tmp/stack/delivery-worker.log),
+              metrics http://127.0.0.1:$worker_metrics_port/metrics
+  sink        webhook-sink $sink_url (pid $(cat "$stack/webhook-sink.pid"), what it received: .tmp/stack/webhook-sink.log)
   database    $(redact "$dsn")
   device      tenant $tenant, device $device, key $key_id (token .tmp/stack/device.token, seed .tmp/stack/device.seed)
+  service     $service (token .tmp/stack/service.token), outbound key $out_key_id (.tmp/stack/outbound-keys.json)
 Send your own:  .tmp/bin/envctl send --url $url --token-file .tmp/stack/device.token \\
                   --seed-file .tmp/stack/device.seed --file DRAFT.json
 Operate:        DATABASE_URL='$(redact "$dsn")' .tmp/bin/envctl audit list --tenant $tenant

@@ -15,6 +15,12 @@
 //	envctl audit list --tenant T [--project P] [--limit N]
 //	envctl send --url U --token-file F --seed-file F --file DRAFT [--batch] (+, the reference producer)
 //	envctl keygen [--seed-file F]                                        (+)
+//	envctl endpoint add --tenant T --project P --topic X --url URL --secret-ref NAME
+//	envctl endpoint enable|disable --tenant T --id E
+//	envctl endpoint show --tenant T --id E                               (+)
+//	envctl dlq list --tenant T --project P [--limit N] [--after CURSOR]
+//	envctl dlq replay --tenant T --id M [--account A]                    (+ --account)
+//	envctl verify                                                        (+)
 //
 // Every database command reads DATABASE_URL, or --database-url, and gives up after --timeout.
 //
@@ -44,6 +50,19 @@
 // by `keygen` without --seed-file. Nothing else echoes a token, seed, signature or payload, and error
 // messages from the store never carry SQL or driver text.
 //
-// `endpoint`, `dlq` and `verify` are reserved for later issues; they are listed by -h as not yet
-// available and answer exit code 2.
+// Outbox: `endpoint add` validates the URL before it reaches the database (https, no user info, no
+// fragment; http only for loopback hosts, which the worker still refuses unless
+// DELIVERY_ALLOW_INSECURE_LOOPBACK is set) and never echoes a refused URL, since it may carry a
+// password. --secret-ref is the name of the endpoint's secrets in the worker's WEBHOOK_SECRETS_FILE; a
+// value starting with "whsec_" or "whsk_" is refused as a secret pasted by mistake. `endpoint disable`
+// records the reason "operator" (the worker records "http_410"); `endpoint enable` clears it. `dlq list`
+// prints the members of GET /v1/dead-letters entries; when more remain it writes "next_after <cursor>"
+// to stderr, to pass back as --after. `dlq replay` prints the status object of GET /v1/outbox/{id}
+// (last_error_code, next_attempt_at and delivered_at are null when unset) and audits the replay with
+// outcome "replayed", a correlation id "envctl-<hex>" (printed on stderr) and --account as account_id;
+// replaying a message that is not dead is exit 1 and names its status.
+//
+// `verify` checks, in one read-only snapshot, the cross-table invariants a restore must keep (see
+// verify.go and `envctl verify -h`), prints "<invariant> <violating rows>" for each, and exits 1 when
+// any count is not 0. It needs to read every envelope table: run it as the database owner.
 package envctl

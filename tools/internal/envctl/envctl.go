@@ -44,7 +44,6 @@ type command struct {
 	summary string
 	run     func(ctx context.Context, c *cli, path string, args []string) int
 	subs    []*command
-	later   bool // reserved for a later issue
 }
 
 func commands() []*command {
@@ -69,9 +68,17 @@ func commands() []*command {
 		}},
 		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend},
 		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen},
-		{name: "endpoint", summary: "webhook endpoints", later: true},
-		{name: "dlq", summary: "dead letters", later: true},
-		{name: "verify", summary: "verify stored envelopes", later: true},
+		{name: "endpoint", summary: "manage webhook endpoints of the outbox", subs: []*command{
+			{name: "add", summary: "register an endpoint and print its id alone on one line", run: runEndpointAdd},
+			{name: "enable", summary: "turn an endpoint on (also after a 410 Gone disabled it)", run: runEndpointEnable},
+			{name: "disable", summary: "turn an endpoint off (its messages wait, new enqueues skip it)", run: runEndpointDisable},
+			{name: "show", summary: "print an endpoint as one JSON object", run: runEndpointShow},
+		}},
+		{name: "dlq", summary: "list and replay dead letters", subs: []*command{
+			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList},
+			{name: "replay", summary: "put a dead letter back to pending with a fresh attempt budget", run: runDLQReplay},
+		}},
+		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify},
 	}
 }
 
@@ -111,15 +118,10 @@ func (c *cli) dispatch(ctx context.Context, path string, cmds []*command, args [
 			continue
 		}
 		sub := path + " " + name
-		switch {
-		case cmd.later:
-			fmt.Fprintf(c.Stderr, "%s: not available yet (reserved for a later release)\n", sub)
-			return ExitUsage
-		case cmd.subs != nil:
+		if cmd.subs != nil {
 			return c.dispatch(ctx, sub, cmd.subs, args[1:])
-		default:
-			return cmd.run(ctx, c, sub, args[1:])
 		}
+		return cmd.run(ctx, c, sub, args[1:])
 	}
 	fmt.Fprintf(c.Stderr, "%s: unknown command %q\nRun '%s -h' for the list of commands.\n", path, name, path)
 	return ExitUsage
@@ -130,11 +132,7 @@ func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" |
 func (c *cli) printGroup(w io.Writer, path string, cmds []*command) {
 	fmt.Fprintf(w, "Usage: %s <command> [flags]\n\nCommands:\n", path)
 	for _, cmd := range cmds {
-		s := cmd.summary
-		if cmd.later {
-			s += " (not available yet)"
-		}
-		fmt.Fprintf(w, "  %-12s %s\n", cmd.name, s)
+		fmt.Fprintf(w, "  %-12s %s\n", cmd.name, cmd.summary)
 	}
 	fmt.Fprintf(w, "\nRun '%s <command> -h' for the flags of a command.\n", path)
 }

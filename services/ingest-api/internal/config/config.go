@@ -1,0 +1,260 @@
+// Package config owns ingest-api's configuration: every setting is an
+// environment variable with a mirrored flag (FOO_BAR <-> --foo-bar), the flag
+// winning over the environment, and -h listing them all with their defaults.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
+)
+
+// ErrInvalid reports a setting that cannot be used; the message names it.
+var ErrInvalid = errors.New("invalid configuration")
+
+// MaxCredentialCacheTTL bounds how long a revoked credential can still pass.
+const MaxCredentialCacheTTL = 2 * time.Second
+
+// Config is the parsed configuration.
+type Config struct {
+	DatabaseURL             string
+	IngestAddr              string
+	MetricsAddr             string
+	OutboundSigningKeysFile string
+	OutboundKeysReload      time.Duration
+	PayloadRetention        time.Duration
+	ReplayWindow            time.Duration
+	MaxSequenceAhead        int64
+	SyncLimitTokens         uint64
+	SyncLimitInterval       time.Duration
+	PeerLimitTokens         uint64
+	PeerLimitInterval       time.Duration
+	ShutdownGrace           time.Duration
+	StoreTimeout            time.Duration
+	DBMaxOpenConns          int
+	CredentialCacheTTL      time.Duration
+	GroupCommitWindow       time.Duration
+	GroupCommitMaxItems     int
+	GroupCommitConcurrency  int
+	LogLevel                string
+}
+
+// setting is one variable: its name, help and how to store it.
+type setting struct {
+	env   string
+	help  string
+	value flag.Value
+}
+
+func (s setting) flagName() string {
+	return strings.ReplaceAll(strings.ToLower(s.env), "_", "-")
+}
+
+// Load parses args (without the program name) over the environment given by
+// getenv. -h prints usage to out and returns flag.ErrHelp.
+func Load(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	c := Config{
+		IngestAddr:             ":8080",
+		MetricsAddr:            ":9090",
+		PayloadRetention:       2160 * time.Hour,
+		ReplayWindow:           2160 * time.Hour,
+		MaxSequenceAhead:       1024,
+		SyncLimitTokens:        100,
+		SyncLimitInterval:      time.Second,
+		PeerLimitTokens:        1000,
+		PeerLimitInterval:      time.Second,
+		ShutdownGrace:          25 * time.Second,
+		StoreTimeout:           10 * time.Second,
+		DBMaxOpenConns:         32,
+		CredentialCacheTTL:     time.Second,
+		GroupCommitWindow:      0,
+		GroupCommitMaxItems:    100,
+		GroupCommitConcurrency: 8,
+		LogLevel:               "info",
+		OutboundKeysReload:     5 * time.Second,
+	}
+	settings := []setting{
+		{"DATABASE_URL", "PostgreSQL DSN (required; never printed)", (*secretValue)(&c.DatabaseURL)},
+		{"INGEST_ADDR", "API listen address", (*stringValue)(&c.IngestAddr)},
+		{"METRICS_ADDR", "Prometheus /metrics listen address (separate listener)", (*stringValue)(&c.MetricsAddr)},
+		{"OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>"}}, checked at start, reloaded when it changes`, (*stringValue)(&c.OutboundSigningKeysFile)},
+		{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "how often OUTBOUND_SIGNING_KEYS_FILE is checked for changes (a bad new version is logged and the previous keys stay)", (*durationValue)(&c.OutboundKeysReload)},
+		{"PAYLOAD_RETENTION", "how long inbound payloads are kept (Go duration)", (*durationValue)(&c.PayloadRetention)},
+		{"REPLAY_WINDOW", "oldest issued_at accepted (Go duration)", (*durationValue)(&c.ReplayWindow)},
+		{"MAX_SEQUENCE_AHEAD", "largest accepted distance of a sequence past the stream cursor", (*int64Value)(&c.MaxSequenceAhead)},
+		{"SYNC_LIMIT_TOKENS", "envelopes per SYNC_LIMIT_INTERVAL per verified device", (*uint64Value)(&c.SyncLimitTokens)},
+		{"SYNC_LIMIT_INTERVAL", "sync limiter interval (Go duration)", (*durationValue)(&c.SyncLimitInterval)},
+		{"PEER_LIMIT_TOKENS", "/v1/ requests per PEER_LIMIT_INTERVAL per remote IP address", (*uint64Value)(&c.PeerLimitTokens)},
+		{"PEER_LIMIT_INTERVAL", "peer limiter interval (Go duration)", (*durationValue)(&c.PeerLimitInterval)},
+		{"SHUTDOWN_GRACE", "time allowed to finish in-flight requests after SIGTERM", (*durationValue)(&c.ShutdownGrace)},
+		{"STORE_TIMEOUT", "deadline of each database operation; past it the answer is 503 unavailable", (*durationValue)(&c.StoreTimeout)},
+		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
+		{"CREDENTIAL_CACHE_TTL", "how long a verified credential is cached (0 disables, at most 2s: revocation takes effect within it)", (*durationValue)(&c.CredentialCacheTTL)},
+		{"GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", (*durationValue)(&c.GroupCommitWindow)},
+		{"GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction (1 disables grouping)", (*intValue)(&c.GroupCommitMaxItems)},
+		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once", (*intValue)(&c.GroupCommitConcurrency)},
+		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
+	}
+
+	// The environment is read first so that a flag, parsed afterwards, wins.
+	for _, s := range settings {
+		if v := getenv(s.env); v != "" {
+			if err := s.value.Set(v); err != nil {
+				return Config{}, fmt.Errorf("%w: %s: %v", ErrInvalid, s.env, err)
+			}
+		}
+	}
+	fs := flag.NewFlagSet("ingest-api", flag.ContinueOnError)
+	fs.SetOutput(out)
+	for _, s := range settings {
+		fs.Var(s.value, s.flagName(), s.help+" (env "+s.env+")")
+	}
+	fs.Usage = func() {
+		fmt.Fprintln(out, "Usage: ingest-api [flags]")
+		fmt.Fprintln(out, "Every flag --foo-bar may instead be set by the environment variable FOO_BAR; a flag wins.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return Config{}, err
+		}
+		return Config{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate checks ranges and cross-field rules.
+func (c Config) Validate() error {
+	bad := func(name, why string) error { return fmt.Errorf("%w: %s %s", ErrInvalid, name, why) }
+	switch {
+	case c.DatabaseURL == "":
+		return bad("DATABASE_URL", "is required")
+	case c.IngestAddr == "":
+		return bad("INGEST_ADDR", "is empty")
+	case c.MetricsAddr == "":
+		return bad("METRICS_ADDR", "is empty")
+	case c.PayloadRetention <= 0:
+		return bad("PAYLOAD_RETENTION", "must be positive")
+	case c.ReplayWindow <= 0:
+		return bad("REPLAY_WINDOW", "must be positive")
+	case c.MaxSequenceAhead < 1:
+		return bad("MAX_SEQUENCE_AHEAD", "must be at least 1")
+	case c.SyncLimitTokens < 1:
+		return bad("SYNC_LIMIT_TOKENS", "must be at least 1")
+	case c.SyncLimitInterval <= 0:
+		return bad("SYNC_LIMIT_INTERVAL", "must be positive")
+	case c.PeerLimitTokens < 1:
+		return bad("PEER_LIMIT_TOKENS", "must be at least 1")
+	case c.PeerLimitInterval <= 0:
+		return bad("PEER_LIMIT_INTERVAL", "must be positive")
+	case c.OutboundKeysReload <= 0:
+		return bad("OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "must be positive")
+	case c.ShutdownGrace <= 0:
+		return bad("SHUTDOWN_GRACE", "must be positive")
+	case c.StoreTimeout <= 0:
+		return bad("STORE_TIMEOUT", "must be positive")
+	case c.DBMaxOpenConns < 1:
+		return bad("DB_MAX_OPEN_CONNS", "must be at least 1")
+	case c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > MaxCredentialCacheTTL:
+		return bad("CREDENTIAL_CACHE_TTL", "must be between 0 and 2s")
+	case c.GroupCommitWindow < 0 || c.GroupCommitWindow > 50*time.Millisecond:
+		return bad("GROUP_COMMIT_WINDOW", "must be between 0 and 50ms")
+	case c.GroupCommitMaxItems < 1 || c.GroupCommitMaxItems > 1000:
+		return bad("GROUP_COMMIT_MAX_ITEMS", "must be between 1 and 1000")
+	case c.GroupCommitConcurrency < 1 || c.GroupCommitConcurrency > 64:
+		return bad("GROUP_COMMIT_CONCURRENCY", "must be between 1 and 64")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("LOG_LEVEL", "must be debug, info, warn or error")
+	}
+	if c.OutboundSigningKeysFile != "" {
+		if err := checkSigningKeysFile(c.OutboundSigningKeysFile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkSigningKeysFile fails start-up on a file the outbox could not use, so
+// a typo shows at deploy time rather than at the first outbound message.
+// The rules are outboundkeys'; its messages never quote a seed.
+func checkSigningKeysFile(path string) error {
+	if _, err := outboundkeys.OpenFile(path); err != nil {
+		return fmt.Errorf("%w: OUTBOUND_SIGNING_KEYS_FILE: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+type stringValue string
+
+func (v *stringValue) String() string     { return string(*v) }
+func (v *stringValue) Set(s string) error { *v = stringValue(s); return nil }
+
+// secretValue hides its value from -h output, which prints current values as
+// defaults: a DSN can hold a password.
+type secretValue string
+
+func (v *secretValue) String() string     { return "" }
+func (v *secretValue) Set(s string) error { *v = secretValue(s); return nil }
+
+type durationValue time.Duration
+
+func (v *durationValue) String() string { return time.Duration(*v).String() }
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a Go duration")
+	}
+	*v = durationValue(d)
+	return nil
+}
+
+type intValue int
+
+func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	*v = intValue(n)
+	return nil
+}
+
+type int64Value int64
+
+func (v *int64Value) String() string { return strconv.FormatInt(int64(*v), 10) }
+func (v *int64Value) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	*v = int64Value(n)
+	return nil
+}
+
+type uint64Value uint64
+
+func (v *uint64Value) String() string { return strconv.FormatUint(uint64(*v), 10) }
+func (v *uint64Value) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return errors.New("not a non-negative integer")
+	}
+	*v = uint64Value(n)
+	return nil
+}

@@ -1,0 +1,148 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(nil, env(map[string]string{"DATABASE_URL": "postgres://x"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		DatabaseURL: "postgres://x", IngestAddr: ":8080", MetricsAddr: ":9090",
+		PayloadRetention: 2160 * time.Hour, ReplayWindow: 2160 * time.Hour, MaxSequenceAhead: 1024,
+		SyncLimitTokens: 100, SyncLimitInterval: time.Second, PeerLimitTokens: 1000, PeerLimitInterval: time.Second,
+		ShutdownGrace: 25 * time.Second, StoreTimeout: 10 * time.Second, DBMaxOpenConns: 32,
+		CredentialCacheTTL: time.Second, GroupCommitMaxItems: 100, GroupCommitConcurrency: 8, LogLevel: "info",
+		OutboundKeysReload: 5 * time.Second,
+	}
+	if c != want {
+		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestEnvironmentAndFlagsMirror(t *testing.T) {
+	e := env(map[string]string{
+		"DATABASE_URL":        "postgres://env",
+		"INGEST_ADDR":         ":1111",
+		"SYNC_LIMIT_TOKENS":   "7",
+		"SYNC_LIMIT_INTERVAL": "2m",
+		"PEER_LIMIT_TOKENS":   "9",
+		"REPLAY_WINDOW":       "48h",
+		"MAX_SEQUENCE_AHEAD":  "5",
+	})
+	c, err := Load([]string{"--ingest-addr", ":2222", "--peer-limit-interval=3s", "--payload-retention", "1h", "--shutdown-grace", "4s"}, e, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.IngestAddr != ":2222" {
+		t.Errorf("flag did not win over env: %q", c.IngestAddr)
+	}
+	if c.DatabaseURL != "postgres://env" || c.SyncLimitTokens != 7 || c.SyncLimitInterval != 2*time.Minute ||
+		c.PeerLimitTokens != 9 || c.PeerLimitInterval != 3*time.Second || c.ReplayWindow != 48*time.Hour ||
+		c.MaxSequenceAhead != 5 || c.PayloadRetention != time.Hour || c.ShutdownGrace != 4*time.Second {
+		t.Errorf("unexpected config %+v", c)
+	}
+}
+
+func TestHelpListsEveryVariableAndHidesDSN(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Load([]string{"-h"}, env(map[string]string{"DATABASE_URL": "postgres://u:hunter2@h/db"}), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	text := out.String()
+	for _, name := range []string{"DATABASE_URL", "INGEST_ADDR", "METRICS_ADDR", "OUTBOUND_SIGNING_KEYS_FILE",
+		"PAYLOAD_RETENTION", "SYNC_LIMIT_TOKENS", "SYNC_LIMIT_INTERVAL", "PEER_LIMIT_TOKENS", "PEER_LIMIT_INTERVAL",
+		"REPLAY_WINDOW", "MAX_SEQUENCE_AHEAD", "SHUTDOWN_GRACE", "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL"} {
+		flagName := "-" + strings.ReplaceAll(strings.ToLower(name), "_", "-")
+		if !strings.Contains(text, "env "+name+")") || !strings.Contains(text, flagName) {
+			t.Errorf("-h does not document %s / %s", name, flagName)
+		}
+	}
+	if strings.Contains(text, "hunter2") {
+		t.Error("-h printed the database password")
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://x"}
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"missing dsn", map[string]string{}, nil, "DATABASE_URL is required"},
+		{"bad duration", map[string]string{"PAYLOAD_RETENTION": "90d"}, nil, "PAYLOAD_RETENTION"},
+		{"zero retention", map[string]string{"PAYLOAD_RETENTION": "0s"}, nil, "PAYLOAD_RETENTION"},
+		{"negative tokens", map[string]string{"SYNC_LIMIT_TOKENS": "-1"}, nil, "SYNC_LIMIT_TOKENS"},
+		{"zero tokens", nil, []string{"--peer-limit-tokens", "0"}, "PEER_LIMIT_TOKENS"},
+		{"zero interval", map[string]string{"SYNC_LIMIT_INTERVAL": "0s"}, nil, "SYNC_LIMIT_INTERVAL"},
+		{"ahead", map[string]string{"MAX_SEQUENCE_AHEAD": "0"}, nil, "MAX_SEQUENCE_AHEAD"},
+		{"cache ttl", map[string]string{"CREDENTIAL_CACHE_TTL": "3s"}, nil, "CREDENTIAL_CACHE_TTL"},
+		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},
+		{"unknown flag", nil, []string{"--nope"}, "nope"},
+		{"stray arg", nil, []string{"extra"}, "unexpected argument"},
+		{"keys reload", map[string]string{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL": "0s"}, nil, "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL"},
+		{"missing keys file", map[string]string{"OUTBOUND_SIGNING_KEYS_FILE": filepath.Join(t.TempDir(), "absent.json")}, nil, "OUTBOUND_SIGNING_KEYS_FILE"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := map[string]string{}
+			if tc.name != "missing dsn" {
+				for k, v := range base {
+					m[k] = v
+				}
+			}
+			for k, v := range tc.env {
+				m[k] = v
+			}
+			_, err := Load(tc.args, env(m), &bytes.Buffer{})
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSigningKeysFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.json", `{"tenant-a":{"key_id":"out-1","seed":"KIO_S0ew6MPXybUvdYSrK6jI_JnEzWWHZBdQVXXv1ZE"}}`)
+	notJSON := write("bad.json", `secret-seed-material`)
+	shortSeed := write("short.json", `{"tenant-a":{"key_id":"out-1","seed":"AAAA"}}`)
+	base := map[string]string{"DATABASE_URL": "postgres://x"}
+	base["OUTBOUND_SIGNING_KEYS_FILE"] = good
+	if _, err := Load(nil, env(base), &bytes.Buffer{}); err != nil {
+		t.Fatalf("good file refused: %v", err)
+	}
+	for _, p := range []string{notJSON, shortSeed} {
+		base["OUTBOUND_SIGNING_KEYS_FILE"] = p
+		_, err := Load(nil, env(base), &bytes.Buffer{})
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s: err = %v, want ErrInvalid", p, err)
+		}
+		if strings.Contains(err.Error(), "secret-seed-material") {
+			t.Fatal("error message quotes the secret file")
+		}
+	}
+}

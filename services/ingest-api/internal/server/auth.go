@@ -1,0 +1,113 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// errUnauthenticated is a credential that does not verify (401).
+var errUnauthenticated = errors.New("unauthenticated")
+
+// maxTokenLen bounds the bearer token we hash or send to the database.
+const maxTokenLen = 512
+
+// bearerToken extracts the token of "Authorization: Bearer <token>" (scheme
+// case-insensitive, as RFC 9110 says). ok is false for a missing or
+// malformed header, which is answered 401 without database work.
+func bearerToken(h string) (string, bool) {
+	const scheme = "bearer "
+	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return "", false
+	}
+	tok := strings.TrimSpace(h[len(scheme):])
+	if tok == "" || len(tok) > maxTokenLen || strings.ContainsAny(tok, " \t") {
+		return "", false
+	}
+	return tok, true
+}
+
+// credentialCache remembers verified identities for at most ttl (<= 2s, see
+// config), so a revoked credential stops working within ttl. It is keyed by
+// SHA-256 of the token: the token itself is never kept. Failures are never
+// cached, so a newly issued credential works at once.
+type credentialCache struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[[32]byte]cachedIdentity
+}
+
+type cachedIdentity struct {
+	id      store.Identity
+	expires time.Time
+}
+
+// maxCachedCredentials bounds memory; on overflow the cache starts over,
+// which costs one database round trip per device and nothing else.
+const maxCachedCredentials = 100_000
+
+func newCredentialCache(ttl time.Duration, now func() time.Time) *credentialCache {
+	return &credentialCache{ttl: ttl, now: now, entries: make(map[[32]byte]cachedIdentity)}
+}
+
+func (c *credentialCache) get(k [32]byte) (store.Identity, bool) {
+	if c.ttl <= 0 {
+		return store.Identity{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[k]
+	if !ok {
+		return store.Identity{}, false
+	}
+	if !c.now().Before(e.expires) {
+		delete(c.entries, k)
+		return store.Identity{}, false
+	}
+	return e.id, true
+}
+
+func (c *credentialCache) put(k [32]byte, id store.Identity) {
+	if c.ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) >= maxCachedCredentials {
+		clear(c.entries)
+	}
+	c.entries[k] = cachedIdentity{id: id, expires: c.now().Add(c.ttl)}
+}
+
+// authenticate turns the Authorization header into a verified identity:
+// errUnauthenticated for anything that is not a live credential, any other
+// error for a failing database (503, never 401).
+func (s *Server) authenticate(ctx context.Context, header string) (store.Identity, error) {
+	tok, ok := bearerToken(header)
+	if !ok {
+		return store.Identity{}, errUnauthenticated
+	}
+	k := sha256.Sum256([]byte(tok))
+	if id, ok := s.creds.get(k); ok {
+		return id, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
+	id, err := s.store.VerifyCredential(ctx, tok)
+	switch {
+	case err == nil:
+		s.creds.put(k, id)
+		return id, nil
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrInvalid):
+		return store.Identity{}, errUnauthenticated
+	default:
+		return store.Identity{}, err
+	}
+}

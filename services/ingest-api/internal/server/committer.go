@@ -1,0 +1,227 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// errCommitterClosed answers requests that arrive after shutdown began.
+var errCommitterClosed = errors.New("group committer closed")
+
+// committer is the group commit of single-envelope requests: concurrent
+// requests (any tenant, any stream) are queued, and each flush runs one
+// store.IngestBatch for everything queued, so many requests share one
+// transaction and one WAL flush. Every request is answered only after the
+// shared commit; if the transaction fails, every request in it gets the
+// error (503: nothing acknowledged, retrying is safe).
+//
+// Batching is self-clocking: a flush takes whatever queued while earlier
+// flushes were running, so an idle server commits a lone request at once and
+// a busy one commits in larger groups. window optionally waits a little
+// longer for stragglers. IngestBatch locks the streams of a batch in sorted
+// order, so concurrent flushes cannot deadlock each other.
+type committer struct {
+	st       *store.Store
+	log      *slog.Logger
+	metrics  *metrics
+	timeout  time.Duration
+	window   time.Duration
+	maxItems int
+
+	queue chan *pendingItem
+	slots chan struct{} // one token per flush allowed in flight
+
+	stop    chan struct{}
+	stopped chan struct{}
+	// mu guards closed so submit never sends after the loop has drained.
+	mu     sync.RWMutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type pendingItem struct {
+	item store.BatchItem
+	done chan commitResult // buffered: a flush never blocks on a gone waiter
+}
+
+type commitResult struct {
+	res store.Result
+	err error
+}
+
+func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer {
+	c := &committer{
+		st: st, log: log, metrics: m, timeout: timeout, window: window, maxItems: maxItems,
+		queue:   make(chan *pendingItem, maxItems*concurrency),
+		slots:   make(chan struct{}, concurrency),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+// submit queues one item and waits for its commit. A cancelled ctx stops the
+// wait but not the commit: the item may still commit, which is why a
+// cancelled request is answered 503 (retry is safe: a retry is a duplicate).
+func (c *committer) submit(ctx context.Context, item store.BatchItem) (store.Result, error) {
+	p := &pendingItem{item: item, done: make(chan commitResult, 1)}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		return store.Result{}, errCommitterClosed
+	}
+	select {
+	case c.queue <- p:
+		c.mu.RUnlock()
+	case <-ctx.Done():
+		c.mu.RUnlock()
+		return store.Result{}, ctx.Err()
+	}
+	select {
+	case r := <-p.done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return store.Result{}, ctx.Err()
+	}
+}
+
+func (c *committer) run() {
+	defer close(c.stopped)
+	for {
+		var first *pendingItem
+		select {
+		case first = <-c.queue:
+		case <-c.stop:
+			// close() holds mu, so nothing more can enter the queue: drain
+			// what is left and leave.
+			for {
+				select {
+				case p := <-c.queue:
+					c.slots <- struct{}{}
+					c.wg.Add(1)
+					go c.flush([]*pendingItem{p})
+				default:
+					c.wg.Wait()
+					return
+				}
+			}
+		}
+		// Waiting for a free slot is what lets a group form under load.
+		c.slots <- struct{}{}
+		batch := c.collect(first)
+		c.wg.Add(1)
+		go c.flush(batch)
+	}
+}
+
+// collect takes what is queued, up to maxItems, and if a window is set waits
+// that long for more.
+func (c *committer) collect(first *pendingItem) []*pendingItem {
+	batch := make([]*pendingItem, 1, c.maxItems)
+	batch[0] = first
+drain:
+	for len(batch) < c.maxItems {
+		select {
+		case p := <-c.queue:
+			batch = append(batch, p)
+		default:
+			break drain
+		}
+	}
+	if c.window <= 0 || len(batch) >= c.maxItems {
+		return batch
+	}
+	t := time.NewTimer(c.window)
+	defer t.Stop()
+	for len(batch) < c.maxItems {
+		select {
+		case p := <-c.queue:
+			batch = append(batch, p)
+		case <-t.C:
+			return batch
+		case <-c.stop:
+			return batch
+		}
+	}
+	return batch
+}
+
+func (c *committer) flush(batch []*pendingItem) {
+	defer c.wg.Done()
+	defer func() { <-c.slots }()
+
+	results, err := c.commit(batch)
+	if err != nil && len(batch) > 1 && !isUnavailable(err) {
+		// Not an outage but a refusal of the whole transaction (one item
+		// the store rejects as invalid): commit the items one by one so one
+		// bad request cannot fail its neighbours.
+		c.log.Warn("group commit failed; retrying items singly", slog.Int("items", len(batch)), slog.String("error", err.Error()))
+		for _, p := range batch {
+			r, err := c.commit([]*pendingItem{p})
+			if err != nil {
+				p.done <- commitResult{err: err}
+				continue
+			}
+			p.done <- commitResult{res: r[0]}
+		}
+		return
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.done <- commitResult{err: err}
+			continue
+		}
+		p.done <- commitResult{res: results[i]}
+	}
+}
+
+func (c *committer) commit(batch []*pendingItem) ([]store.Result, error) {
+	items := make([]store.BatchItem, len(batch))
+	for i, p := range batch {
+		items[i] = p.item
+	}
+	// Detached from any one request: the commit serves all of them, and a
+	// client that went away must not abort its neighbours' transaction.
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	start := time.Now()
+	results, err := c.st.IngestBatch(ctx, items)
+	c.metrics.commitDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("group commit of %d items: %w", len(items), err)
+	}
+	if len(results) != len(items) {
+		return nil, fmt.Errorf("group commit: %d results for %d items", len(results), len(items))
+	}
+	c.metrics.commitSize.Observe(float64(len(items)))
+	return results, nil
+}
+
+// close stops taking new items, commits everything already queued and
+// waits for in-flight flushes. Call it after the HTTP server has drained.
+func (c *committer) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		<-c.stopped
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
+	close(c.stop)
+	<-c.stopped
+}
+
+// isUnavailable reports an outage-class error: the database is unreachable,
+// restarting or too slow, or the request ran out of time.
+func isUnavailable(err error) bool {
+	return errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, errCommitterClosed)
+}

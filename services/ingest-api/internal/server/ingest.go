@@ -1,0 +1,377 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// readBody enforces the body limit (step 0) before anything is buffered: a
+// declared Content-Length over the limit is refused unread, and the reader
+// is capped so a chunked body stops at limit+1 bytes. ok is false when the
+// request has been answered. A body that cannot be read (a broken chunked
+// stream) is answered malformed, the route's reason for a bad body.
+func (s *Server) readBody(c echo.Context, malformed string) ([]byte, bool) {
+	r := c.Request()
+	limit := s.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		s.refuse(c, reasonBodyTooLarge)
+		return nil, false
+	}
+	size := r.ContentLength
+	if size < 0 {
+		size = 4096
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+1))
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, limit))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			s.refuse(c, reasonBodyTooLarge)
+			return nil, false
+		}
+		// The client went away or sent a broken chunked stream: nothing
+		// was read, so this is a malformed request, not our failure.
+		s.refuse(c, malformed)
+		return nil, false
+	}
+	return buf.Bytes(), true
+}
+
+// admit runs the peer limiter (step 0) and authentication (step 1). ok is
+// false when the request has been answered.
+func (s *Server) admit(c echo.Context) (store.Identity, bool) {
+	ctx := c.Request().Context()
+	addr, _ := netip.ParseAddr(c.RealIP())
+	d, err := s.peer.Take(ctx, limiter.NewPeerKey(addr))
+	if err != nil {
+		s.unavailable(c, "peer_limiter", err)
+		return store.Identity{}, false
+	}
+	if !d.Allowed {
+		s.rateLimited(c, "peer", d.RetryAfterSeconds())
+		return store.Identity{}, false
+	}
+	id, err := s.authenticate(ctx, c.Request().Header.Get(echo.HeaderAuthorization))
+	if errors.Is(err, errUnauthenticated) {
+		s.refuse(c, reasonUnauthenticated)
+		return store.Identity{}, false
+	}
+	if err != nil {
+		s.unavailable(c, "verify_credential", err)
+		return store.Identity{}, false
+	}
+	state(c).identity = &id
+	return id, true
+}
+
+// takeSync spends one sync-limiter token of the identity (step 1b).
+func (s *Server) takeSync(ctx context.Context, id store.Identity) (limiter.Decision, error) {
+	return s.sync.Take(ctx, limiter.SyncKey{
+		Tenant: id.TenantID, Account: id.AccountID, Device: id.DeviceID, Purpose: limiter.PurposeSyncIngest,
+	})
+}
+
+func actorOf(id store.Identity, correlationID string) store.Actor {
+	return store.Actor{TenantID: id.TenantID, AccountID: id.AccountID, DeviceID: id.DeviceID, CorrelationID: correlationID}
+}
+
+// decision is the outcome of steps 2–4 for one envelope: a BatchItem to
+// commit (an ingest, or the audit row of a refusal) and, for a refusal, the
+// answer already decided.
+type decision struct {
+	item    store.BatchItem
+	refusal *answer
+}
+
+func refusalDecision(actor store.Actor, project, eventIdentity, reason string) decision {
+	return decision{
+		item: store.BatchItem{Actor: actor, Refusal: &store.AuditEntry{
+			ProjectID: project, EventIdentity: eventIdentity, Outcome: outcomeRefused, Reason: reason,
+		}},
+		refusal: &answer{Outcome: outcomeRefused, Reason: reason, EventIdentity: eventIdentity},
+	}
+}
+
+// idempotencyHeader is the request's Idempotency-Key header, if any.
+type idempotencyHeader struct {
+	present bool
+	values  []string
+}
+
+func (h idempotencyHeader) matches(key string) bool {
+	return len(h.values) == 1 && h.values[0] == key
+}
+
+// keyCache remembers key lookups within one request (a batch usually has
+// one signing key).
+type keyCache map[string]store.Key
+
+// decide runs steps 2, 3 and 4 for one envelope. An error is a failing
+// store (503).
+func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, now time.Time) (decision, error) {
+	env, err := envelope.ParseWithLimits(raw, envelope.DefaultLimits())
+	if err != nil {
+		reason := reasonInvalidEnvelope
+		if r, ok := envelope.ReasonOf(err); ok {
+			reason = string(r)
+		}
+		return refusalDecision(actor, "", "", reason), nil
+	}
+	project, eid := env.ProjectID, env.EventIdentity()
+	if env.TenantID != actor.TenantID || env.ProducerID != actor.DeviceID {
+		return refusalDecision(actor, project, eid, reasonRouteMismatch), nil
+	}
+	if idem.present && !idem.matches(env.IdempotencyKey) {
+		return refusalDecision(actor, project, eid, reasonIdempotencyKeyMismatch), nil
+	}
+
+	// Step 3.
+	key, ok := keys[env.KeyID]
+	if !ok {
+		lctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+		key, err = s.store.LookupKey(lctx, actor.TenantID, env.KeyID)
+		cancel()
+		if errors.Is(err, store.ErrNotFound) {
+			return refusalDecision(actor, project, eid, reasonUnknownKey), nil
+		}
+		if err != nil {
+			return decision{}, opError{"lookup_key", err}
+		}
+		keys[env.KeyID] = key
+	}
+	switch key.State {
+	case store.KeyActive:
+		if err := env.Verify(key.PublicKey); err != nil {
+			return refusalDecision(actor, project, eid, "bad_signature"), nil
+		}
+	case store.KeyRetired:
+		if err := env.Verify(key.PublicKey); err != nil {
+			return refusalDecision(actor, project, eid, "bad_signature"), nil
+		}
+		if key.RetiredAt == nil || env.IssuedAt.After(*key.RetiredAt) {
+			return refusalDecision(actor, project, eid, reasonKeyRetired), nil
+		}
+	default:
+		// Revoked (or a state this build does not know: fail closed). Only
+		// an exact duplicate of what the key already signed gets through,
+		// to be answered duplicate at step 5; whether the signature of
+		// anything else would verify is not revealed.
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+		signed, err := s.store.SignedBy(sctx, actor.TenantID, eid, env.ContentDigest(), env.KeyID)
+		cancel()
+		if err != nil {
+			return decision{}, opError{"signed_by", err}
+		}
+		if !signed || key.State != store.KeyRevoked {
+			return refusalDecision(actor, project, eid, reasonKeyRevoked), nil
+		}
+		if err := env.Verify(key.PublicKey); err != nil {
+			return refusalDecision(actor, project, eid, "bad_signature"), nil
+		}
+	}
+
+	// Step 4.
+	if err := env.Validate(now, s.cfg.ReplayWindow); err != nil {
+		reason := reasonInvalidEnvelope
+		if r, ok := envelope.ReasonOf(err); ok {
+			reason = string(r)
+		}
+		return refusalDecision(actor, project, eid, reason), nil
+	}
+
+	return decision{item: store.BatchItem{Actor: actor, Ingest: &store.IngestInput{
+		ProjectID:         env.ProjectID,
+		ProducerID:        env.ProducerID,
+		EventIdentity:     eid,
+		KeyID:             env.KeyID,
+		IdempotencyDigest: env.IdempotencyDigest(),
+		ContentDigest:     env.ContentDigest(),
+		Sequence:          env.Sequence,
+		IssuedAt:          env.IssuedAt,
+		Canonical:         env.Canonical(),
+		ExpiresAt:         now.Add(s.cfg.PayloadRetention),
+		MaxAhead:          s.cfg.MaxSequenceAhead,
+	}}}, nil
+}
+
+// opError names the store operation that failed, for the 503's log line and
+// metric.
+type opError struct {
+	op  string
+	err error
+}
+
+func (e opError) Error() string { return e.op + ": " + e.err.Error() }
+func (e opError) Unwrap() error { return e.err }
+
+// answerOf turns a decision and, for items that reached the store, the
+// store's result into the contract answer (without correlation id).
+func answerOf(d decision, r store.Result) answer {
+	if d.refusal != nil {
+		return *d.refusal
+	}
+	a := answer{Outcome: string(r.Outcome), EventIdentity: r.EventIdentity}
+	if a.EventIdentity == "" {
+		a.EventIdentity = d.item.Ingest.EventIdentity
+	}
+	switch a.Outcome {
+	case outcomeAccepted, outcomeDuplicate:
+		cursor := r.Cursor
+		a.Cursor = &cursor
+	default:
+		a.Outcome = outcomeRefused
+		a.Reason = r.Reason
+	}
+	return a
+}
+
+// admitPost runs the steps both post routes share, in contract order: body
+// limit, peer limiter, authentication, and the first sync-limiter token
+// (steps 0–1b). ok is false when the request has been answered.
+func (s *Server) admitPost(c echo.Context) ([]byte, store.Identity, bool) {
+	body, ok := s.readBody(c, reasonInvalidEnvelope)
+	if !ok {
+		return nil, store.Identity{}, false
+	}
+	id, ok := s.admit(c)
+	if !ok {
+		return nil, store.Identity{}, false
+	}
+	d, err := s.takeSync(c.Request().Context(), id)
+	if err != nil {
+		s.unavailable(c, "sync_limiter", err)
+		return nil, store.Identity{}, false
+	}
+	if !d.Allowed {
+		s.rateLimited(c, "sync", d.RetryAfterSeconds())
+		return nil, store.Identity{}, false
+	}
+	return body, id, true
+}
+
+func (s *Server) postEnvelope(c echo.Context) error {
+	body, id, ok := s.admitPost(c)
+	if !ok {
+		return nil
+	}
+	ctx := c.Request().Context()
+	st := state(c)
+	actor := actorOf(id, st.correlationID)
+
+	var dec decision
+	var err error
+	if id.Role != store.RoleDevice {
+		dec = refusalDecision(actor, "", "", reasonForbidden)
+	} else {
+		values := c.Request().Header.Values("Idempotency-Key")
+		dec, err = s.decide(ctx, actor, body, idempotencyHeader{present: len(values) > 0, values: values}, keyCache{}, s.cfg.Now())
+		if err != nil {
+			return s.storeFailure(c, err)
+		}
+	}
+	res, err := s.commit.submit(ctx, dec.item)
+	if err != nil {
+		return s.storeFailure(c, opError{"ingest", err})
+	}
+	s.writeAnswer(c, answerOf(dec, res))
+	return nil
+}
+
+// storeFailure answers 503 for an error from decide or a commit.
+func (s *Server) storeFailure(c echo.Context, err error) error {
+	op := "store"
+	var oe opError
+	if errors.As(err, &oe) {
+		op = oe.op
+	}
+	return s.unavailable(c, op, err)
+}
+
+func (s *Server) postBatch(c echo.Context) error {
+	body, id, ok := s.admitPost(c)
+	if !ok {
+		return nil
+	}
+	ctx := c.Request().Context()
+	st := state(c)
+	actor := actorOf(id, st.correlationID)
+
+	// Whole-request refusals after the limiter are audited once.
+	wholeRefusal := func(reason string) error {
+		dec := refusalDecision(actor, "", "", reason)
+		if _, err := s.commit.submit(ctx, dec.item); err != nil {
+			return s.storeFailure(c, opError{"audit", err})
+		}
+		s.writeAnswer(c, *dec.refusal)
+		return nil
+	}
+	if id.Role != store.RoleDevice {
+		return wholeRefusal(reasonForbidden)
+	}
+	raws, err := envelope.SplitBatch(body)
+	if err != nil {
+		return wholeRefusal(reasonInvalidEnvelope)
+	}
+
+	results := make([]batchResult, len(raws))
+	decisions := make([]decision, len(raws))
+	processed := len(raws)
+	now := s.cfg.Now()
+	keys := keyCache{}
+	for i, raw := range raws {
+		if i > 0 {
+			d, err := s.takeSync(ctx, id)
+			if err != nil {
+				return s.unavailable(c, "sync_limiter", err)
+			}
+			if !d.Allowed {
+				s.metrics.limiterRefused.WithLabelValues("sync").Inc()
+				processed = i
+				break
+			}
+		}
+		decisions[i], err = s.decide(ctx, actor, raw, idempotencyHeader{}, keys, now)
+		if err != nil {
+			return s.storeFailure(c, err)
+		}
+	}
+
+	items := make([]store.BatchItem, processed)
+	for i := range processed {
+		items[i] = decisions[i].item
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
+	storeResults, err := s.store.IngestBatch(cctx, items)
+	cancel()
+	if err == nil && len(storeResults) != len(items) {
+		err = errors.New("store returned a result count unlike the item count")
+	}
+	if err != nil {
+		return s.storeFailure(c, opError{"ingest_batch", err})
+	}
+
+	for i := range results {
+		var a answer
+		if i < processed {
+			a = answerOf(decisions[i], storeResults[i])
+		} else {
+			a = answer{Outcome: outcomeRefused, Reason: reasonRateLimited}
+		}
+		a.CorrelationID = st.correlationID
+		s.metrics.envelopes.WithLabelValues(a.Outcome, a.Reason).Inc()
+		results[i] = batchResult{answer: a, Status: statusOf(a.Reason)}
+	}
+	st.outcome, st.reason, st.items = "batch", "", len(results)
+	writeJSON(c, http.StatusOK, batchAnswer{Results: results})
+	return nil
+}

@@ -1,0 +1,115 @@
+package server
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+func retryAfter(t testing.TB, r resp) int {
+	t.Helper()
+	n, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || n < 1 {
+		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
+	}
+	return n
+}
+
+func TestSyncLimiter(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.SyncLimit = limiter.Policy{Tokens: 2, Interval: time.Hour} })
+	other := f.issue(tenantA, "acct-1", "device-8", store.RoleDevice)
+	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "accepted", "", 1)
+	// A refusal after the limiter still spends a token.
+	wantAnswer(t, f.post(f.device, []byte("{")), 400, "refused", "invalid_envelope", -1)
+	r := f.post(f.device, f.sign(draft(2)))
+	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
+	if n := retryAfter(t, r); n > 3600 {
+		t.Fatalf("Retry-After %d beyond the interval", n)
+	}
+	// Another device of the same account is unaffected.
+	d := draft(1)
+	d.ProducerID, d.EventID, d.IdempotencyKey = "device-8", "evt-8-1", "idem-8-1"
+	wantAnswer(t, f.post(other, f.sign(d)), 200, "accepted", "", 1)
+	// The limiter runs before the role check and the body: a refused
+	// request is not audited, whatever it carries.
+	wantAnswer(t, f.post(f.device, []byte("{")), 429, "refused", "rate_limited", -1)
+	if n := len(f.audit()); n != 3 {
+		t.Fatalf("%d audit rows, want 3 (429 is not audited)", n)
+	}
+	// Stream reads are not sync-limited.
+	if r := f.do(req{method: http.MethodGet, path: "/v1/streams/proj-1/device-7", token: f.device}); r.status != 200 {
+		t.Fatalf("stream read while sync-limited: %d", r.status)
+	}
+}
+
+func TestSyncLimiterBeforeForbidden(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.SyncLimit = limiter.Policy{Tokens: 1, Interval: time.Hour} })
+	wantAnswer(t, f.post(f.service, f.sign(draft(1))), 403, "refused", "forbidden", -1)
+	wantAnswer(t, f.post(f.service, f.sign(draft(1))), 429, "refused", "rate_limited", -1)
+	if n := len(f.audit()); n != 1 {
+		t.Fatalf("%d audit rows, want 1", n)
+	}
+}
+
+func TestPeerLimiter(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.PeerLimit = limiter.Policy{Tokens: 2, Interval: time.Hour} })
+	a1 := "198.51.100.1:1000"
+	a2 := "198.51.100.1:2000" // same host, other port
+	b := "198.51.100.2:1000"
+	post := func(remote, token string) resp {
+		return f.do(req{method: http.MethodPost, path: "/v1/envelopes", token: token, body: f.sign(draft(1)), remote: remote})
+	}
+	wantAnswer(t, post(a1, ""), 401, "refused", "unauthenticated", -1)
+	wantAnswer(t, post(a2, f.device), 200, "accepted", "", 1)
+	// Before authentication: a valid credential does not help.
+	r := post(a1, f.device)
+	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
+	retryAfter(t, r)
+	wantAnswer(t, post(a2, ""), 429, "refused", "rate_limited", -1)
+	// Read routes count too; health routes never.
+	wantAnswer(t, f.do(req{method: http.MethodGet, path: "/v1/streams/proj-1/device-7", token: f.device, remote: a1}), 429, "refused", "rate_limited", -1)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		for range 3 {
+			if r := f.do(req{method: http.MethodGet, path: p, remote: a1}); r.status != 200 {
+				t.Fatalf("%s from a limited peer: %d %s", p, r.status, r.body)
+			}
+		}
+	}
+	// Another address is unaffected.
+	wantAnswer(t, post(b, f.device), 200, "duplicate", "", 1)
+	// X-Forwarded-For cannot move a client to another bucket.
+	r = f.do(req{method: http.MethodPost, path: "/v1/envelopes", token: f.device, body: f.sign(draft(1)), remote: a1,
+		header: map[string]string{"X-Forwarded-For": "203.0.113.9", "X-Real-Ip": "203.0.113.9"}})
+	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
+	if n := len(f.audit()); n != 2 {
+		t.Fatalf("%d audit rows, want 2", n)
+	}
+}
+
+func TestBatchLimiter(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.SyncLimit = limiter.Policy{Tokens: 3, Interval: time.Hour} })
+	r := f.postBatch(f.device, f.sign(draft(1)), f.sign(draft(2)), f.sign(draft(3)), f.sign(draft(4)), f.sign(draft(5)))
+	checkItems(t, decodeBatch(t, r), []itemWant{
+		{200, "accepted", "", 1},
+		{200, "accepted", "", 2},
+		{200, "accepted", "", 3},
+		{429, "refused", "rate_limited", 0},
+		{429, "refused", "rate_limited", 0},
+	})
+	if n := len(f.audit()); n != 3 {
+		t.Fatalf("%d audit rows, want 3 (rate-limited items are not audited)", n)
+	}
+	// The first item refused: the whole request is 429, nothing processed.
+	r = f.postBatch(f.device, f.sign(draft(4)))
+	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
+	retryAfter(t, r)
+	r = f.do(req{method: http.MethodPost, path: "/v1/envelopes/batch", token: f.device, body: []byte("{")})
+	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
+	if n := len(f.audit()); n != 3 {
+		t.Fatalf("%d audit rows after whole-request 429s, want 3", n)
+	}
+}

@@ -1,0 +1,316 @@
+// Package server owns ingest-api's HTTP surface: the echo application that
+// authenticates, rate-limits, verifies and commits controlplane/v1 envelopes
+// (contract §2), serves the stream read routes, and answers health checks.
+//
+// # Order of a POST /v1/envelopes
+//
+// Contract §2, step by step, each step stopping the request:
+//
+//	0  Content-Length over the body limit: 413 body_too_large, without
+//	   reading; then the body is read through http.MaxBytesReader, so a
+//	   chunked body is cut at the limit (413 too). Then the peer limiter,
+//	   keyed by the remote IP address (429 rate_limited + Retry-After). The
+//	   address is the TCP peer's, never a forwarding header: behind a proxy
+//	   or load balancer every client shares the proxy's bucket, so size
+//	   PEER_LIMIT_TOKENS for that (or terminate at a layer-4 balancer).
+//	1  the bearer credential is verified by the store (401 unauthenticated,
+//	   never audited; a failing database is 503, never 401).
+//	1b the sync limiter, keyed by tenant/account/device/"sync-ingest" (429).
+//	1c only role device may post (403 forbidden, audited).
+//	2  structure and identities (400 invalid_envelope), tenant and producer
+//	   must be the credential's (403 route_mismatch), and then the
+//	   Idempotency-Key header, when present, must equal the envelope's key
+//	   (400 idempotency_key_mismatch).
+//	3  the key in the verified tenant, and the signature (403 unknown_key,
+//	   key_retired, key_revoked, bad_signature).
+//	4  schema version, metadata and issued_at window (400 ...).
+//	5-6 the store, under the stream lock, in one transaction with the audit
+//	   row, through the group committer; 7 only then the answer.
+//
+// Every answer from 1c on writes exactly one audit row, in the same
+// transaction as the envelope for accepts, and is only sent once that row is
+// committed. The peer limiter counts only /v1/ routes; health routes are
+// never limited and /metrics lives on its own listener.
+//
+// # Batches
+//
+// POST /v1/envelopes/batch runs steps 0–1c once for the request, taking one
+// sync-limiter token for the first item before the role check; a refusal of
+// that first token is a whole-request 429 and nothing is processed. A
+// non-device credential is a whole-request 403 forbidden (one audit row), and
+// a malformed wrapper a whole-request 400 invalid_envelope (one audit row).
+// Every further item takes its own token; once one is refused, it and every
+// later item answer rate_limited (status 429, not audited) and the earlier
+// items are processed. All processed items commit in one transaction, so the
+// answer is either all durable or a 503. An Idempotency-Key header is not
+// used on the batch route: each envelope carries its own key. Every item's
+// answer, and its audit row, carries the request's correlation id.
+//
+// # Group commit
+//
+// Single posts do steps 0–4 on their own and then queue their BatchItem (an
+// ingest, or the audit row of a refusal) with the committer, which commits
+// whatever concurrent requests queued meanwhile — across tenants and streams
+// — in one store.IngestBatch transaction and answers each request from its
+// own result. A failed transaction answers all of its requests 503.
+//
+// # Stream routes
+//
+// GET /v1/streams/{project}/{producer} is for role device and its own
+// producer only; GET /v1/streams/{project}/{producer}/envelopes is for role
+// service. Both take the tenant from the credential. Path parameters that
+// are not valid identities are 400 invalid_request; "limit" (1–100, default
+// 100) and "after" (a non-negative integer, default 0) that do not parse or
+// fall outside their range are 400 invalid_page. Reads are peer-limited but
+// not sync-limited and not audited.
+//
+// # Outbox routes
+//
+// POST /v1/outbox (role service) runs the body limit (413), the peer
+// limiter, authentication, the role check (403 forbidden), then reads the
+// body as strictly as an envelope: unknown, duplicate, missing or malformed
+// members, an identity-rule violation in project_id or idempotency_key, a
+// topic outside ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, a kind that is not a
+// valid metadata.kind, a max_attempts that is not an exact integer in 1–50
+// (default 12), and a request whose envelope would break the envelope
+// limits, are 400 invalid_request. A tenant without an outbound key is 422
+// no_signing_key (checked before the store, so also for a repeat). The store
+// then answers the repeat (200, the stored envelope byte for byte), 422
+// idempotency_conflict or 422 no_endpoint, or enqueues (201) the envelope
+// signed here: producer_id is the credential's device, event_id "ob-" and
+// 32 random hex digits, issued_at the server clock in whole milliseconds,
+// metadata {"kind"}. "Same request content" is SHA-256 of the JCS of the
+// body. The sync limiter is not taken (its purpose is sync-ingest) and
+// enqueues are not audited: the outbound envelope, its sequence and its
+// messages are the record; replays are audited (outcome replayed, by the
+// store, in the replay's transaction).
+//
+// GET /v1/outbox/{message_id} (service or operator), GET /v1/dead-letters
+// (operator; project_id required and an identity, else 400
+// invalid_request; limit 1–100 and the opaque after cursor, else 400
+// invalid_page) and POST /v1/dead-letters/{message_id}/replay (operator; 409
+// not_dead) take the tenant from the credential: another tenant's message id
+// is 404 not_found, like an unknown one. Unset status fields are null.
+//
+// # Other answers
+//
+// Unknown routes answer 404 not_found and wrong methods 405
+// method_not_allowed, with the refusal body. Every answer carries
+// X-Correlation-Id, a random 128-bit id made per request, which is also in
+// every log line of the request and in its audit rows; a valid W3C
+// traceparent header (version 00) is logged with it, an invalid one is
+// ignored. /healthz is liveness only (it never touches the database);
+// /readyz checks the database and that its schema version equals
+// migrations.Latest(). Any database failure or
+// timeout answers 503 unavailable (with Retry-After: 1) on every route. The
+// credential cache (CredentialCacheTTL, at most 2 s) is the only place a
+// revoked credential can still pass, and only for that long.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
+)
+
+// Config is what the server needs beyond the store. Zero values of the
+// optional fields take the documented defaults.
+type Config struct {
+	PayloadRetention time.Duration // default 2160h
+	ReplayWindow     time.Duration // default 2160h
+	MaxSequenceAhead int64         // default 1024
+	SyncLimit        limiter.Policy
+	PeerLimit        limiter.Policy
+	// MaxBodyBytes may only tighten the contract's 1 MiB.
+	MaxBodyBytes       int64
+	StoreTimeout       time.Duration // default 10s
+	CredentialCacheTTL time.Duration // 0: no cache; at most 2s
+	GroupCommitWindow  time.Duration
+	// GroupCommitMaxItems defaults to 100; 1 turns grouping off.
+	GroupCommitMaxItems    int
+	GroupCommitConcurrency int // default 8
+	// Now is the clock for issued_at checks, payload expiry and the
+	// issued_at of outbound envelopes; tests fix it.
+	Now func() time.Time
+	// OutboundKeys signs outbox envelopes; nil means no tenant has a key
+	// (every POST /v1/outbox is 422 no_signing_key).
+	OutboundKeys outboundkeys.Source
+}
+
+// ErrConfig reports an unusable Config.
+var ErrConfig = errors.New("server: invalid config")
+
+func (c *Config) setDefaults() error {
+	if c.PayloadRetention == 0 {
+		c.PayloadRetention = 2160 * time.Hour
+	}
+	if c.ReplayWindow == 0 {
+		c.ReplayWindow = 2160 * time.Hour
+	}
+	if c.MaxSequenceAhead == 0 {
+		c.MaxSequenceAhead = 1024
+	}
+	if limit := int64(envelope.DefaultLimits().MaxBytes); c.MaxBodyBytes <= 0 || c.MaxBodyBytes > limit {
+		c.MaxBodyBytes = limit
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 10 * time.Second
+	}
+	if c.GroupCommitMaxItems == 0 {
+		c.GroupCommitMaxItems = 100
+	}
+	if c.GroupCommitConcurrency == 0 {
+		c.GroupCommitConcurrency = 8
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.OutboundKeys == nil {
+		c.OutboundKeys = outboundkeys.None{}
+	}
+	switch {
+	case c.PayloadRetention < 0, c.ReplayWindow < 0, c.StoreTimeout < 0, c.GroupCommitWindow < 0:
+		return fmt.Errorf("%w: negative duration", ErrConfig)
+	case c.MaxSequenceAhead < 1:
+		return fmt.Errorf("%w: MaxSequenceAhead must be at least 1", ErrConfig)
+	case c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > 2*time.Second:
+		return fmt.Errorf("%w: CredentialCacheTTL must be within 0..2s", ErrConfig)
+	case c.GroupCommitMaxItems < 1 || c.GroupCommitConcurrency < 1:
+		return fmt.Errorf("%w: group commit sizes must be positive", ErrConfig)
+	}
+	return nil
+}
+
+// Server is the ingest API. Build it with New, serve Handler, and Close it
+// after the HTTP server has shut down.
+type Server struct {
+	cfg     Config
+	store   *store.Store
+	log     *slog.Logger
+	metrics *metrics
+	peer    *limiter.Peer
+	sync    *limiter.Sync
+	creds   *credentialCache
+	commit  *committer
+	keys    outboundkeys.Source
+	echo    *echo.Echo
+}
+
+// New builds the server over st. Metrics register on reg (use a private
+// registry: NewRegistry).
+func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if st == nil || log == nil || reg == nil {
+		return nil, fmt.Errorf("%w: store, logger and registerer are required", ErrConfig)
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	peer, err := limiter.New[limiter.PeerKey](cfg.PeerLimit)
+	if err != nil {
+		return nil, fmt.Errorf("server: peer limiter: %w", err)
+	}
+	syncL, err := limiter.New[limiter.SyncKey](cfg.SyncLimit)
+	if err != nil {
+		_ = peer.Close(context.Background())
+		return nil, fmt.Errorf("server: sync limiter: %w", err)
+	}
+	s := &Server{
+		cfg: cfg, store: st, log: log,
+		metrics: newMetrics(reg),
+		peer:    peer,
+		sync:    syncL,
+		creds:   newCredentialCache(cfg.CredentialCacheTTL, time.Now),
+		keys:    cfg.OutboundKeys,
+	}
+	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.echo = s.routes()
+	return s, nil
+}
+
+// Handler is the API's http.Handler.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Close commits what the group committer still holds and releases the
+// limiters. Call it after http.Server.Shutdown returned, before closing the
+// store.
+func (s *Server) Close(ctx context.Context) error {
+	s.commit.close()
+	return errors.Join(s.peer.Close(ctx), s.sync.Close(ctx))
+}
+
+func (s *Server) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	// The peer limiter must see the connection's address, never a header a
+	// client can forge.
+	e.IPExtractor = echo.ExtractIPDirect()
+	e.HTTPErrorHandler = s.handleError
+	e.Use(s.observe, s.recoverPanic)
+
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+
+	v1 := e.Group("/v1")
+	v1.POST("/envelopes", s.postEnvelope)
+	v1.POST("/envelopes/batch", s.postBatch)
+	v1.GET("/streams/:project/:producer", s.getStream)
+	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
+	v1.POST("/outbox", s.postOutbox)
+	v1.GET("/outbox/:id", s.getOutboxMessage)
+	v1.GET("/dead-letters", s.getDeadLetters)
+	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
+	return e
+}
+
+// recoverPanic turns a handler panic into a 500 without printing the panic
+// value, which could hold request data.
+func (s *Server) recoverPanic(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if r == http.ErrAbortHandler {
+					panic(r)
+				}
+				s.logger(c).Error("handler panic", slog.String("type", fmt.Sprintf("%T", r)))
+				err = errPanic
+			}
+		}()
+		return next(c)
+	}
+}
+
+var errPanic = errors.New("handler panic")
+
+// handleError answers errors that no handler answered: echo's routing
+// errors and panics.
+func (s *Server) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	var he *echo.HTTPError
+	reason := reasonUnavailable
+	status := http.StatusInternalServerError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			reason, status = reasonNotFound, http.StatusNotFound
+		case http.StatusMethodNotAllowed:
+			reason, status = reasonMethodNotAllowed, http.StatusMethodNotAllowed
+		case http.StatusRequestEntityTooLarge:
+			reason, status = reasonBodyTooLarge, http.StatusRequestEntityTooLarge
+		}
+	}
+	s.writeRefusal(c, status, reason)
+}

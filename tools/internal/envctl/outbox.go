@@ -1,0 +1,320 @@
+package envctl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// maxObjectID bounds endpoint and message ids on the command line; the store issues "ep_"/"msg_" plus
+// 24 hex digits, so anything longer is a paste error, not an id.
+const maxObjectID = 64
+
+func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --project P --topic X --url URL --secret-ref NAME")
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("project", "", "project id (required)")
+	topic := fs.String("topic", "", "topic the endpoint subscribes to, e.g. task.proposals (required)")
+	rawURL := fs.String("url", "", "https URL; http only for loopback hosts (127.0.0.0/8, [::1], localhost) (required)")
+	secretRef := fs.String("secret-ref", "", "name of the endpoint's secrets in the worker's WEBHOOK_SECRETS_FILE; never the secret itself (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "project"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if err := requireFlags(fs, "topic", "url", "secret-ref"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if !store.ValidTopic(*topic) {
+		return c.usageError(path, "--topic %q is not a valid topic (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", *topic)
+	}
+	// The URL is never echoed: a refused one may carry user info, i.e. a password.
+	if err := store.ValidateEndpointURL(*rawURL); err != nil {
+		return c.usageError(path, "--url refused: %v", err)
+	}
+	// A secret_ref is a name; one that looks like a secret is refused without echoing it.
+	if !store.ValidSecretRef(*secretRef) {
+		return c.usageError(path, "--secret-ref is not a valid name (1-128 of A-Z a-z 0-9 . _ : / -, starting with a letter or digit)")
+	}
+	if strings.HasPrefix(*secretRef, "whsec_") || strings.HasPrefix(*secretRef, "whsk_") {
+		return c.usageError(path, "--secret-ref names a key of WEBHOOK_SECRETS_FILE; it must not be the secret itself")
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant, project := fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String()
+	id, err := s.AddEndpoint(cctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: *topic, URL: *rawURL, SecretRef: *secretRef})
+	if err != nil {
+		if errors.Is(err, store.ErrInvalid) {
+			return c.failure(path, "refused: %v", err)
+		}
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintln(c.Stdout, id)
+	fmt.Fprintf(c.Stderr, "added endpoint %s (tenant %s, project %s, topic %s, secret ref %s); active\n", id, tenant, project, *topic, *secretRef)
+	return ExitOK
+}
+
+func runEndpointEnable(ctx context.Context, c *cli, path string, args []string) int {
+	return endpointTransition(ctx, c, path, args, store.EndpointActive)
+}
+
+func runEndpointDisable(ctx context.Context, c *cli, path string, args []string) int {
+	return endpointTransition(ctx, c, path, args, store.EndpointDisabled)
+}
+
+// disabledByOperator is the disabled_reason of `endpoint disable`, next to the worker's http_410.
+const disabledByOperator = "operator"
+
+func endpointFlags(c *cli, path string) (*dbFlags, func(args []string) (tenant, id string, done bool, code int)) {
+	fs := c.flagSet(path, "--tenant T --id E")
+	fs.String("tenant", "", "tenant id (required)")
+	id := fs.String("id", "", "endpoint id, as printed by endpoint add (required)")
+	d := c.addDBFlags(fs, time.Minute)
+	return d, func(args []string) (string, string, bool, int) {
+		if done, code := c.parse(fs, path, args); done {
+			return "", "", true, code
+		}
+		if err := checkIdentities(fs, "tenant"); err != nil {
+			return "", "", true, c.usageError(path, "%v", err)
+		}
+		if *id == "" {
+			return "", "", true, c.usageError(path, "--id is required")
+		}
+		if len(*id) > maxObjectID {
+			return "", "", true, c.usageError(path, "--id is longer than %d bytes: not an endpoint id", maxObjectID)
+		}
+		return fs.Lookup("tenant").Value.String(), *id, false, ExitOK
+	}
+}
+
+func endpointTransition(ctx context.Context, c *cli, path string, args []string, state store.EndpointState) int {
+	d, parse := endpointFlags(c, path)
+	tenant, id, done, code := parse(args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	reason := ""
+	if state == store.EndpointDisabled {
+		reason = disabledByOperator
+	}
+	// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
+	// operator's: from then on it is the operator's decision that keeps it off.
+	if err := s.SetEndpointState(cctx, tenant, id, state, reason); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
+		}
+		return c.storeFailure(path, err)
+	}
+	fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
+	return ExitOK
+}
+
+// endpointLine is the output of `endpoint show`. No secret is stored, so none can be shown.
+type endpointLine struct {
+	EndpointID     string  `json:"endpoint_id"`
+	TenantID       string  `json:"tenant_id"`
+	ProjectID      string  `json:"project_id"`
+	Topic          string  `json:"topic"`
+	URL            string  `json:"url"`
+	SecretRef      string  `json:"secret_ref"`
+	State          string  `json:"state"`
+	DisabledReason *string `json:"disabled_reason"`
+	CreatedAt      string  `json:"created_at"`
+}
+
+func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
+	d, parse := endpointFlags(c, path)
+	tenant, id, done, code := parse(args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	e, err := s.GetEndpoint(cctx, tenant, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
+		}
+		return c.storeFailure(path, err)
+	}
+	return c.printJSON(path, endpointLine{
+		EndpointID: e.ID, TenantID: e.TenantID, ProjectID: e.ProjectID, Topic: e.Topic, URL: e.URL,
+		SecretRef: e.SecretRef, State: string(e.State), DisabledReason: orNull(e.DisabledReason),
+		CreatedAt: formatTime(e.CreatedAt),
+	})
+}
+
+func (c *cli) printJSON(path string, v any) int {
+	if err := json.NewEncoder(c.Stdout).Encode(v); err != nil {
+		return c.failure(path, "write: %v", err)
+	}
+	return ExitOK
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func formatTimePtr(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := formatTime(*t)
+	return &s
+}
+
+// deadLetterLine is one line of `dlq list`: the members of GET /v1/dead-letters entries (contract §4).
+type deadLetterLine struct {
+	MessageID  string `json:"message_id"`
+	EndpointID string `json:"endpoint_id"`
+	Topic      string `json:"topic"`
+	Attempts   int    `json:"attempts"`
+	ErrorCode  string `json:"error_code"`
+	CreatedAt  string `json:"created_at"`
+	DeadAt     string `json:"dead_at"`
+}
+
+func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --project P [--limit N] [--after CURSOR]")
+	fs.String("tenant", "", "tenant id (required)")
+	fs.String("project", "", "project id (required)")
+	limit := fs.Int("limit", store.MaxDeadLetterPage, fmt.Sprintf("at most this many dead letters, oldest death first (1-%d)", store.MaxDeadLetterPage))
+	after := fs.String("after", "", "continue after this cursor (the next_after a previous page printed on stderr)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant", "project"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *limit < 1 || *limit > store.MaxDeadLetterPage {
+		return c.usageError(path, "--limit %d is outside 1-%d", *limit, store.MaxDeadLetterPage)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	dls, next, err := s.ListDeadLetters(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), *limit, *after)
+	if err != nil {
+		// Tenant, project and limit were checked above, so the store can only mean the cursor.
+		if errors.Is(err, store.ErrInvalid) {
+			return c.usageError(path, "--after is not a cursor printed by dlq list")
+		}
+		return c.storeFailure(path, err)
+	}
+	enc := json.NewEncoder(c.Stdout)
+	for _, dl := range dls {
+		line := deadLetterLine{
+			MessageID: dl.MessageID, EndpointID: dl.EndpointID, Topic: dl.Topic, Attempts: dl.Attempts,
+			ErrorCode: dl.ErrorCode, CreatedAt: formatTime(dl.CreatedAt), DeadAt: formatTime(dl.DeadAt),
+		}
+		if err := enc.Encode(line); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+	}
+	// stdout stays one object per dead letter; the page cursor is commentary a pager script reads
+	// from stderr.
+	if next != nil {
+		fmt.Fprintf(c.Stderr, "next_after %s\n", *next)
+	}
+	return ExitOK
+}
+
+// statusLine is the output of `dlq replay`: the status object of GET /v1/outbox/{id} (contract §4).
+type statusLine struct {
+	MessageID     string  `json:"message_id"`
+	EndpointID    string  `json:"endpoint_id"`
+	Topic         string  `json:"topic"`
+	Status        string  `json:"status"`
+	Attempts      int     `json:"attempts"`
+	LastErrorCode *string `json:"last_error_code"`
+	NextAttemptAt *string `json:"next_attempt_at"`
+	DeliveredAt   *string `json:"delivered_at"`
+}
+
+func newStatusLine(m store.MessageStatus) statusLine {
+	return statusLine{
+		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
+		Attempts: m.Attempts, LastErrorCode: orNull(m.LastErrorCode),
+		NextAttemptAt: formatTimePtr(m.NextAttemptAt), DeliveredAt: formatTimePtr(m.DeliveredAt),
+	}
+}
+
+// newCorrelationID makes the audit correlation id of one envctl action; the "envctl-" prefix tells
+// operator actions from ingest-api requests in the audit stream.
+func newCorrelationID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return "envctl-" + hex.EncodeToString(b[:])
+}
+
+func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --id M [--account A]")
+	fs.String("tenant", "", "tenant id (required)")
+	id := fs.String("id", "", "message id of the dead letter, as dlq list prints it (required)")
+	fs.String("account", "", "who replays: recorded as account_id in the audit row (optional)")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	account := fs.Lookup("account").Value.String()
+	if account != "" {
+		if err := checkIdentities(fs, "account"); err != nil {
+			return c.usageError(path, "%v", err)
+		}
+	}
+	if *id == "" {
+		return c.usageError(path, "--id is required")
+	}
+	if len(*id) > maxObjectID {
+		return c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant := fs.Lookup("tenant").Value.String()
+	corr := newCorrelationID()
+	m, err := s.ReplayDeadLetter(cctx, store.Actor{TenantID: tenant, AccountID: account, CorrelationID: corr}, *id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.failure(path, "no message %q in tenant %s", *id, tenant)
+	case errors.Is(err, store.ErrNotDead):
+		// Name the status so the operator knows whether to wait (pending, delivering) or stop
+		// (delivered); a lookup failure here only loses that detail.
+		if st, err := s.OutboxMessage(cctx, tenant, *id); err == nil {
+			return c.failure(path, "refused: message %s is not dead (status %s); only dead letters can be replayed", *id, st.Status)
+		}
+		return c.failure(path, "refused: message %s is not dead; only dead letters can be replayed", *id)
+	case err != nil:
+		return c.storeFailure(path, err)
+	}
+	if code := c.printJSON(path, newStatusLine(m)); code != ExitOK {
+		return code
+	}
+	fmt.Fprintf(c.Stderr, "replayed message %s; audit correlation id %s\n", m.MessageID, corr)
+	return ExitOK
+}
