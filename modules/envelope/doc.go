@@ -63,9 +63,11 @@
 //   - Limits.Tighten treats zero or negative fields as "keep"; the public
 //     entry points always tighten the contract's defaults, so no option can
 //     loosen or disable a limit.
-//   - issued_at is YYYY-MM-DDTHH:MM:SS[.1-9 digits]Z with upper-case T and Z
-//     and calendar-valid fields; offsets other than Z, leap seconds (:60) and
-//     more than nine fraction digits are refused.
+//   - issued_at is YYYY-MM-DDTHH:MM:SS[.digits]Z with upper-case T and Z
+//     and calendar-valid fields; offsets other than Z and leap seconds (:60)
+//     are refused. RFC 3339 bounds no fraction, so any number of fraction
+//     digits is read; digits past nanoseconds are dropped (the signature covers
+//     the string as sent, so nothing is lost).
 //   - signature must be exactly 86 base64url characters with zero trailing
 //     bits, so one signature has one spelling.
 //   - Parse fills Envelope.Metadata only when the metadata object will pass

@@ -353,10 +353,11 @@ func parseTimestamp(s []byte) (time.Time, bool) {
 		digits := 0
 		rest = rest[1:]
 		for len(rest) > 0 && rest[0] >= '0' && rest[0] <= '9' {
-			if digits == 9 {
-				return time.Time{}, false
+			// RFC 3339 puts no bound on fraction digits; time keeps nanoseconds, so
+			// digits past the ninth are read (they must still be digits) and dropped.
+			if digits < 9 {
+				nsec = nsec*10 + int(rest[0]-'0')
 			}
-			nsec = nsec*10 + int(rest[0]-'0')
 			digits++
 			rest = rest[1:]
 		}
