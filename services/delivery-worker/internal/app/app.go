@@ -34,7 +34,7 @@ const backoffJitter = 0.2
 // everything. ready, if not nil, receives the bound metrics address once the
 // listener is up (tests bind ":0").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr)) error {
-	cfg, err := config.Load(args, getenv, stderr)
+	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
 	}

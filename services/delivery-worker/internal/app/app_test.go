@@ -223,9 +223,9 @@ func TestReadyzWithoutDatabase(t *testing.T) {
 }
 
 func TestRunRefusesBadConfig(t *testing.T) {
-	var stderr bytes.Buffer
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, io.Discard, &stderr, nil)
-	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "WEBHOOK_SECRETS_FILE") {
+	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "WEBHOOK_SECRETS_FILE") {
 		t.Fatalf("-h: %v", err)
 	}
 	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)

@@ -28,7 +28,7 @@ import (
 // ready, if not nil, receives the bound API and metrics addresses once both
 // listeners are up (tests bind ":0").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(api, metrics net.Addr)) error {
-	cfg, err := config.Load(args, getenv, stderr)
+	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
 	}

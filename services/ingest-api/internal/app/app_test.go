@@ -82,10 +82,10 @@ func TestRunServesAndShutsDown(t *testing.T) {
 }
 
 func TestRunRefusesBadConfig(t *testing.T) {
-	var stderr bytes.Buffer
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, io.Discard, &stderr, nil)
-	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "--sync-limit-tokens") && !strings.Contains(stderr.String(), "-sync-limit-tokens") {
-		t.Fatalf("-h: %v\n%s", err, stderr.String())
+	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "-sync-limit-tokens") {
+		t.Fatalf("-h: %v\n%s", err, stdout.String())
 	}
 	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {

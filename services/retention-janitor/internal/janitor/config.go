@@ -49,8 +49,8 @@ type setting struct {
 }
 
 // LoadConfig reads the environment through getenv, then args. -h prints
-// every setting to stderr and returns flag.ErrHelp.
-func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
+// every setting to out and returns flag.ErrHelp.
+func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	settings := []setting{
 		{"DATABASE_URL", "PostgreSQL URL for the envelopeworker_janitor role (required)", ""},
 		{"JANITOR_TIMEOUT", "Go duration bounding one cycle of deletes", DefaultTimeout.String()},
@@ -60,7 +60,7 @@ func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Co
 		{"LOG_LEVEL", "debug, info, warn or error", "info"},
 	}
 	fs := flag.NewFlagSet("retention-janitor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(out)
 	// Flags are registered with the documented defaults, not the values
 	// found in the environment: -h must not print a DATABASE_URL password.
 	flags := make(map[string]*string, len(settings))

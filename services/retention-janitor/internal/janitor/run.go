@@ -35,7 +35,7 @@ const setupTimeout = time.Minute
 // SIGTERM on ctx and a lock held by another run), and an error when the run
 // failed.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := LoadConfig(args, getenv, stderr)
+	cfg, err := LoadConfig(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
 	}

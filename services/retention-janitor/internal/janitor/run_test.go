@@ -52,7 +52,7 @@ func TestRunHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	if !strings.Contains(stderr.String(), "-janitor-timeout") || stdout.Len() != 0 {
+	if !strings.Contains(stdout.String(), "-janitor-timeout") || stderr.Len() != 0 {
 		t.Fatalf("help went astray: stdout %q stderr %q", stdout.String(), stderr.String())
 	}
 }
