@@ -1,0 +1,226 @@
+package migrations
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func adminDSN() string {
+	if v := os.Getenv("TEST_DATABASE_URL"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// freshDB creates an empty database (storetest cannot be used here: it lives in
+// the store module, which depends on this one) and drops it after the test.
+func freshDB(t *testing.T) string {
+	t.Helper()
+	admin, err := sql.Open("pgx", adminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := "mig_test_" + hex.EncodeToString(b)
+	if _, err := admin.Exec(`CREATE DATABASE ` + name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`); err != nil {
+			t.Errorf("drop database: %v", err)
+		}
+	})
+	u, err := url.Parse(adminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func open(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func TestApplyTwice(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, freshDB(t))
+
+	if v, err := Version(ctx, db); err != nil || v != 0 {
+		t.Fatalf("Version before migrating = %d, %v; want 0, nil", v, err)
+	}
+	applied, err := Apply(ctx, db)
+	if err != nil {
+		t.Fatalf("first Apply: %v", err)
+	}
+	if len(applied) != Latest() {
+		t.Fatalf("first Apply applied %v, want all %d", applied, Latest())
+	}
+	applied, err = Apply(ctx, db)
+	if err != nil {
+		t.Fatalf("second Apply: %v", err)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("second Apply applied %v, want nothing", applied)
+	}
+	if v, err := Version(ctx, db); err != nil || v != Latest() {
+		t.Fatalf("Version = %d, %v; want %d", v, err, Latest())
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n != Latest() {
+		t.Fatalf("schema_migrations rows = %d, %v; want %d", n, err, Latest())
+	}
+}
+
+func TestApplyConcurrent(t *testing.T) {
+	ctx := context.Background()
+	dsn := freshDB(t)
+	const workers = 8
+	var wg sync.WaitGroup
+	results := make([][]int, workers)
+	errs := make([]error, workers)
+	for i := range workers {
+		// Separate pools: each migrator has its own sessions, as separate
+		// replicas would.
+		db := open(t, dsn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = Apply(ctx, db)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range workers {
+		if errs[i] != nil {
+			t.Fatalf("worker %d: %v", i, errs[i])
+		}
+		total += len(results[i])
+	}
+	if total != Latest() {
+		t.Fatalf("migrations applied %d times in total, want exactly %d", total, Latest())
+	}
+	db := open(t, dsn)
+	var locks int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE l.locktype = 'advisory' AND d.datname = current_database()`).Scan(&locks); err != nil || locks != 0 {
+		t.Fatalf("advisory locks still held: %d, %v", locks, err)
+	}
+}
+
+// Roles are cluster-wide and created by every database's first migration:
+// several fresh databases migrating at once must not trip over each other.
+func TestApplyConcurrentDatabases(t *testing.T) {
+	ctx := context.Background()
+	const n = 4
+	dbs := make([]*sql.DB, n)
+	for i := range dbs {
+		dbs[i] = open(t, freshDB(t))
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, db := range dbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = Apply(ctx, db)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("database %d: %v", i, err)
+		}
+		if v, err := Version(ctx, dbs[i]); err != nil || v != Latest() {
+			t.Fatalf("database %d at version %d, %v", i, v, err)
+		}
+	}
+	var roles int
+	if err := dbs[0].QueryRow(`SELECT count(*) FROM pg_roles WHERE rolname IN
+		('envelopeworker_ingest', 'envelopeworker_delivery', 'envelopeworker_janitor', 'envelopeworker_operator')
+		AND rolcanlogin`).Scan(&roles); err != nil || roles != 4 {
+		t.Fatalf("login roles: %d, %v", roles, err)
+	}
+}
+
+func TestApplyRefusesEditedMigration(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, freshDB(t))
+	if _, err := Apply(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE schema_migrations SET checksum = 'x' WHERE version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Apply(ctx, db)
+	if !errors.Is(err, ErrChecksum) {
+		t.Fatalf("Apply after edit = %v, want ErrChecksum", err)
+	}
+}
+
+func TestApplyCancelled(t *testing.T) {
+	db := open(t, freshDB(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Apply(ctx, db); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Apply with cancelled context = %v, want context.Canceled", err)
+	}
+	if v, err := Version(context.Background(), db); err != nil || v != 0 {
+		t.Fatalf("Version after cancelled Apply = %d, %v; want 0", v, err)
+	}
+}
+
+func TestLoadRefusesBadSets(t *testing.T) {
+	cases := map[string]fstest.MapFS{
+		"no underscore": {"0001.sql": {Data: []byte("SELECT 1")}},
+		"not a number":  {"abcd_x.sql": {Data: []byte("SELECT 1")}},
+		"zero":          {"0000_x.sql": {Data: []byte("SELECT 1")}},
+		"duplicate":     {"0001_a.sql": {Data: []byte("SELECT 1")}, "1_b.sql": {Data: []byte("SELECT 1")}},
+		"gap":           {"0001_a.sql": {Data: []byte("SELECT 1")}, "0003_c.sql": {Data: []byte("SELECT 1")}},
+	}
+	for name, fsys := range cases {
+		if _, err := load(fsys); err == nil {
+			t.Errorf("%s: load accepted a bad migration set", name)
+		}
+	}
+	ms, err := load(fstest.MapFS{
+		"0002_b.sql": {Data: []byte("SELECT 2")},
+		"0001_a.sql": {Data: []byte("SELECT 1")},
+	})
+	if err != nil || len(ms) != 2 || ms[0].Name != "0001_a.sql" || ms[1].Version != 2 {
+		t.Fatalf("load = %+v, %v", ms, err)
+	}
+}
+
+func TestEmbeddedSet(t *testing.T) {
+	all := All()
+	if len(all) == 0 || Latest() != all[len(all)-1].Version {
+		t.Fatalf("All/Latest disagree: %d migrations, Latest %d", len(all), Latest())
+	}
+	all[0].SQL = "changed"
+	if All()[0].SQL == "changed" {
+		t.Fatal("All returned the package's own slice")
+	}
+}

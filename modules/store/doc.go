@@ -1,0 +1,48 @@
+// Package store owns the durable state of the inbound side of controlplane/v1
+// in PostgreSQL: credentials (SHA-256 digests of opaque tokens only), producer
+// keys and their lifecycle, streams (cursor and replay floor), permanent event
+// identities, expiring payloads (the canonical signed envelope), and the audit
+// trail. It runs contract §2 steps 5–6 — lock the stream, decide duplicate or
+// conflict or accept in the contract's order, commit identity, payload,
+// cursor advance and audit row together — and the reads built on them.
+//
+// The schema lives in the migrations module; this package assumes it and
+// never creates tables.
+//
+// # Transactions
+//
+// Ingest and IngestBatch send BEGIN, the stream lock (an upsert of the
+// stream row) and one statement per envelope that decides and writes as one
+// pgx pipeline, read every answer, and then send COMMIT: two round trips and
+// one commit, for one envelope or a whole batch. Under READ COMMITTED each
+// statement takes a fresh snapshot, so the decision, taken after the lock was
+// granted, sees everything the previous lock holder committed. The cursor
+// advance is computed in SQL. The server commits only on the client's COMMIT,
+// so a cancelled context or a killed session leaves nothing behind.
+//
+// The few races the stream lock does not cover (two streams of one project
+// writing the same event or idempotency key, deadlocks between batches) end
+// in a unique violation or deadlock error; the whole transaction is rerun
+// (Options.MaxRetries) and then answers duplicate or conflict.
+//
+// # Errors
+//
+// Every failure is an *Error whose message is fixed text: never SQL, driver
+// messages or values. Test the kind with errors.Is against ErrNotFound,
+// ErrConflict, ErrInvalid, ErrUnavailable or ErrInternal. Connection
+// failures, timeouts, cancelled contexts, server restarts and exhausted
+// retries are ErrUnavailable (a cancelled context also matches
+// context.Canceled). The driver cause stays reachable with errors.As for
+// diagnostics; log SQLState(err), never the cause's message.
+//
+// # Choices where the contract is silent
+//
+//   - A stream row is created by the first envelope that reaches step 5, even
+//     a refused one; it reads as cursor 0, floor 0 like a stream never written.
+//   - Retiring a retired key and revoking a revoked key are no-ops; retiring a
+//     revoked key is ErrConflict. Revoking a credential twice is a no-op.
+//   - ReadStream reports a payload as expired from its expires_at on, whether
+//     or not the janitor has deleted the row yet.
+//   - Audit rows carry the transaction's time (now()), so the rows of one
+//     batch share a timestamp and are ordered by their id.
+package store

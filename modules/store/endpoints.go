@@ -1,0 +1,240 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EndpointState is whether an endpoint receives deliveries.
+type EndpointState string
+
+const (
+	EndpointActive   EndpointState = "active"
+	EndpointDisabled EndpointState = "disabled"
+)
+
+// Valid reports whether st is one of the two states.
+func (st EndpointState) Valid() bool { return st == EndpointActive || st == EndpointDisabled }
+
+// Endpoint is a service-owned webhook destination for one (tenant, project,
+// topic). Deliveries go only to these rows; SecretRef names the signing
+// secrets in the worker's configuration (no secret is stored).
+type Endpoint struct {
+	TenantID, ID, ProjectID, Topic, URL, SecretRef string
+	State                                          EndpointState
+	DisabledReason                                 string
+	CreatedAt                                      time.Time
+}
+
+// MaxEndpointURL bounds an endpoint URL in bytes.
+const MaxEndpointURL = 2048
+
+// topicRE is the outbox topic rule (the contract names topics like
+// "task.proposals" without fixing a grammar): the identity rule, longer.
+var topicRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// secretRefRE names a key of the worker's secrets file; printable and
+// log-safe because it is a name, not a secret.
+var secretRefRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+var endpointIDRE = regexp.MustCompile(`^ep_[0-9a-f]{24}$`)
+
+// ValidTopic reports whether topic is a well-formed outbox topic.
+func ValidTopic(topic string) bool { return topicRE.MatchString(topic) }
+
+// ValidSecretRef reports whether ref is a well-formed secret reference.
+func ValidSecretRef(ref string) bool { return secretRefRE.MatchString(ref) }
+
+func urlErr(msg string) error { return newErr("endpoint url: "+msg, ErrInvalid) }
+
+// ValidateEndpointURL checks an endpoint URL before it is stored: https, a
+// host, no user info (credentials in URLs end up in logs), no fragment (never
+// sent), at most MaxEndpointURL bytes. Plain http is accepted only for
+// loopback hosts (127.0.0.0/8, [::1], localhost) so local runs and tests can
+// register a listener; the worker still refuses those unless told otherwise.
+// Whether a name resolves to a private address is the worker's check at each
+// attempt, since DNS answers change. The error wraps ErrInvalid and its
+// message never repeats the URL, so it is safe to print.
+func ValidateEndpointURL(raw string) error {
+	if raw == "" {
+		return urlErr("empty")
+	}
+	if len(raw) > MaxEndpointURL {
+		return urlErr("longer than 2048 bytes")
+	}
+	for i := 0; i < len(raw); i++ {
+		if c := raw[i]; c <= 0x20 || c >= 0x7f {
+			return urlErr("must be ASCII without spaces or control characters")
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return urlErr("not a URL")
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return urlErr("host missing")
+	}
+	if u.User != nil {
+		return urlErr("user info not allowed")
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return urlErr("fragment not allowed")
+	}
+	host := u.Hostname()
+	if host == "" {
+		return urlErr("host missing")
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return urlErr("bad port")
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return urlErr("bad port")
+	}
+	switch u.Scheme {
+	case "https":
+		return nil
+	case "http":
+		if isLoopbackHost(host) {
+			return nil
+		}
+		return urlErr("http is allowed only for loopback hosts")
+	default:
+		return urlErr("scheme must be https")
+	}
+}
+
+// isLoopbackHost is the contract's list: localhost, 127.0.0.0/8 and ::1.
+// IPv4-mapped forms (::ffff:127.0.0.1) are not on it.
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || a.Zone() != "" {
+		return false
+	}
+	return (a.Is4() && a.IsLoopback()) || a == netip.IPv6Loopback()
+}
+
+func newID(prefix string) (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return prefix + hex.EncodeToString(b), nil
+}
+
+const insertEndpointSQL = `
+INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref, state, disabled_reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
+
+// AddEndpoint stores an endpoint and returns its id. e.ID may be empty (a new
+// id is made) or a caller-chosen id of the form ep_<24 hex>, which is
+// ErrConflict when taken. e.State defaults to active. Bad fields are
+// ErrInvalid (see ValidateEndpointURL for the URL).
+func (s *Store) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
+	const op = "add endpoint"
+	if e.State == "" {
+		e.State = EndpointActive
+	}
+	if !validIdentity(e.TenantID, e.ProjectID) || !ValidTopic(e.Topic) || !ValidSecretRef(e.SecretRef) ||
+		!e.State.Valid() || (e.ID != "" && !endpointIDRE.MatchString(e.ID)) ||
+		(e.DisabledReason != "" && !codeRE.MatchString(e.DisabledReason)) {
+		return "", newErr(op, ErrInvalid)
+	}
+	if err := ValidateEndpointURL(e.URL); err != nil {
+		return "", err
+	}
+	if e.State == EndpointActive {
+		e.DisabledReason = ""
+	}
+	id := e.ID
+	if id == "" {
+		var err error
+		if id, err = newID("ep_"); err != nil {
+			return "", classify(ctx, op, err)
+		}
+	}
+	res, err := s.sqlDB().ExecContext(ctx, insertEndpointSQL, e.TenantID, id, e.ProjectID, e.Topic, e.URL,
+		e.SecretRef, string(e.State), e.DisabledReason)
+	if err != nil {
+		return "", classify(ctx, op, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return "", classify(ctx, op, err)
+	} else if n == 0 {
+		return "", newErr(op, ErrConflict)
+	}
+	return id, nil
+}
+
+const setEndpointStateSQL = `
+UPDATE endpoints SET state = $3, disabled_reason = $4, updated_at = now()
+WHERE tenant_id = $1 AND endpoint_id = $2`
+
+// SetEndpointState enables or disables an endpoint. reason is a short code
+// kept while disabled (for example "http_410" or "operator"); enabling clears
+// it. Setting the current state again is not an error. Unknown ids, and ids
+// of other tenants, are ErrNotFound. Messages of a disabled endpoint stay
+// pending and are claimed again once it is enabled.
+func (s *Store) SetEndpointState(ctx context.Context, tenant, id string, state EndpointState, reason string) error {
+	const op = "set endpoint state"
+	if !validIdentity(tenant) || !state.Valid() || (reason != "" && !codeRE.MatchString(reason)) {
+		return newErr(op, ErrInvalid)
+	}
+	if !endpointIDRE.MatchString(id) {
+		return newErr(op, ErrNotFound)
+	}
+	if state == EndpointActive {
+		reason = ""
+	}
+	res, err := s.sqlDB().ExecContext(ctx, setEndpointStateSQL, tenant, id, string(state), reason)
+	if err != nil {
+		return classify(ctx, op, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return classify(ctx, op, err)
+	} else if n == 0 {
+		return newErr(op, ErrNotFound)
+	}
+	return nil
+}
+
+const getEndpointSQL = `
+SELECT project_id, topic, url, secret_ref, state, disabled_reason, created_at
+FROM endpoints WHERE tenant_id = $1 AND endpoint_id = $2`
+
+// GetEndpoint returns one endpoint of tenant; ErrNotFound otherwise.
+func (s *Store) GetEndpoint(ctx context.Context, tenant, id string) (Endpoint, error) {
+	const op = "get endpoint"
+	if !validIdentity(tenant) {
+		return Endpoint{}, newErr(op, ErrInvalid)
+	}
+	if !endpointIDRE.MatchString(id) {
+		return Endpoint{}, newErr(op, ErrNotFound)
+	}
+	e := Endpoint{TenantID: tenant, ID: id}
+	var state string
+	err := s.sqlDB().QueryRowContext(ctx, getEndpointSQL, tenant, id).Scan(&e.ProjectID, &e.Topic, &e.URL,
+		&e.SecretRef, &state, &e.DisabledReason, &e.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Endpoint{}, newErr(op, ErrNotFound)
+	}
+	if err != nil {
+		return Endpoint{}, classify(ctx, op, err)
+	}
+	e.State = EndpointState(state)
+	return e, nil
+}

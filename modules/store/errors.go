@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Errors the caller can act on. Test with errors.Is. A conflict is an answer,
+// not a failure: it says the request contradicts what is already stored.
+var (
+	ErrNotFound = errors.New("store: not found")
+	ErrConflict = errors.New("store: conflict")
+	ErrInvalid  = errors.New("store: invalid argument")
+	// ErrUnavailable covers connection failures, timeouts, PostgreSQL restarts
+	// and exhausted retries: nothing was committed by this call, or the call
+	// cannot tell (see Ingest), and retrying is safe. HTTP maps it to 503.
+	ErrUnavailable = errors.New("store: unavailable")
+	// ErrInternal is anything else (a bug or a schema that does not match).
+	ErrInternal = errors.New("store: internal error")
+)
+
+// Error is what every store method returns on failure. Its message is fixed
+// text chosen by the store (operation and kind) and never contains driver
+// messages, SQL, or values. The driver cause stays reachable through
+// errors.As / errors.Is for diagnostics (for example SQLState); callers must
+// not render a cause into responses — log SQLState(err) instead.
+type Error struct {
+	Op    string // e.g. "ingest"
+	Kind  error  // one of the Err* sentinels
+	cause error
+}
+
+func (e *Error) Error() string {
+	if e.Op == "" {
+		return e.Kind.Error()
+	}
+	return e.Kind.Error() + " (" + e.Op + ")"
+}
+
+// Unwrap exposes the kind and, when there is one, the driver or context cause.
+func (e *Error) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.cause}
+}
+
+// SQLState returns the PostgreSQL error code behind err ("" when there is
+// none). Codes are safe to log; messages and details are not.
+func SQLState(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code
+	}
+	return ""
+}
+
+func newErr(op string, kind error) error { return &Error{Op: op, Kind: kind} }
+
+// classify turns a driver error into a store Error with a fixed message.
+// When ctx is done the error also matches ctx.Err(): the server may have
+// answered the cancel request with its own error code.
+func classify(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *Error
+	if errors.As(err, &se) {
+		return err
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return &Error{Op: op, Kind: ErrUnavailable, cause: errors.Join(cerr, err)}
+	}
+	return &Error{Op: op, Kind: kindOf(err), cause: err}
+}
+
+func kindOf(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return ErrUnavailable
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch {
+		case strings.HasPrefix(pg.Code, "08"), // connection exception
+			strings.HasPrefix(pg.Code, "53"), // insufficient resources (too many connections, disk full)
+			pg.Code == "57P01",               // admin_shutdown (restart, pg_terminate_backend)
+			pg.Code == "57P02",               // crash_shutdown
+			pg.Code == "57P03",               // cannot_connect_now (starting up, recovery)
+			pg.Code == "57014",               // query_canceled (statement_timeout, cancel request)
+			pg.Code == "55P03",               // lock_not_available (lock_timeout)
+			pg.Code == "40001",               // serialization_failure, retries exhausted
+			pg.Code == "40P01",               // deadlock_detected, retries exhausted
+			pg.Code == "23505":               // unique race with another stream, retries exhausted
+			return ErrUnavailable
+		}
+		return ErrInternal
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, driver.ErrBadConn) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return ErrUnavailable
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return ErrUnavailable
+	}
+	// pgx reports a connection that died mid-query as a plain error from a
+	// closed conn; database/sql reports a pool that was closed the same way.
+	if isClosedConn(err) {
+		return ErrUnavailable
+	}
+	return ErrInternal
+}
+
+// retryable reports errors after which re-running the whole transaction is
+// both safe (nothing committed) and likely to succeed.
+func retryable(err error) bool {
+	switch SQLState(err) {
+	case "40001", "40P01", "23505":
+		return true
+	}
+	return false
+}
+
+func isClosedConn(err error) bool {
+	if errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	// database/sql does not export its "database is closed" error.
+	return err.Error() == "sql: database is closed"
+}

@@ -1,0 +1,33 @@
+module github.com/envelopeworker/envelopeworker/modules/store
+
+go 1.26
+
+require (
+	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.7.6
+	github.com/uptrace/bun v1.2.16
+	github.com/uptrace/bun/dialect/pgdialect v1.2.16
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	filippo.io/edwards25519 v1.1.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.2 // indirect
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
+	github.com/tmthrgd/go-hex v0.0.0-20190904060850-447a3041c3bc // indirect
+	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
+	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	golang.org/x/crypto v0.37.0 // indirect
+	golang.org/x/sync v0.13.0 // indirect
+	golang.org/x/sys v0.38.0 // indirect
+	golang.org/x/text v0.24.0 // indirect
+)
+
+replace (
+	github.com/envelopeworker/envelopeworker/migrations => ../../migrations
+	github.com/envelopeworker/envelopeworker/modules/envelope => ../envelope
+)

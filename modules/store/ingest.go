@@ -1,0 +1,436 @@
+package store
+
+import (
+	"context"
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Outcome is the public outcome of contract §2.
+type Outcome string
+
+const (
+	OutcomeAccepted  Outcome = "accepted"
+	OutcomeDuplicate Outcome = "duplicate"
+	OutcomeRefused   Outcome = "refused"
+)
+
+// Reasons decided at step 5.
+const (
+	ReasonEventConflict       = "event_conflict"
+	ReasonIdempotencyConflict = "idempotency_conflict"
+	ReasonBelowReplayFloor    = "below_replay_floor"
+	ReasonSequenceConflict    = "sequence_conflict"
+	ReasonSequenceTooFarAhead = "sequence_too_far_ahead"
+)
+
+// DefaultMaxAhead is the contract's default sequence_too_far_ahead bound.
+const DefaultMaxAhead = 1024
+
+// MaxBatch bounds IngestBatch. The HTTP batch route allows 100 envelopes; the
+// margin leaves room for group commit of several requests.
+const MaxBatch = 1000
+
+// Actor is who asked (the verified credential) and the request's correlation id.
+type Actor struct{ TenantID, AccountID, DeviceID, CorrelationID string }
+
+// IngestInput is an envelope that passed steps 1–4. The tenant is the actor's.
+type IngestInput struct {
+	ProjectID, ProducerID, EventIdentity, KeyID string
+	IdempotencyDigest, ContentDigest            [32]byte
+	Sequence                                    int64
+	IssuedAt                                    time.Time
+	Canonical                                   []byte    // JCS of the whole signed envelope: the stored form
+	ExpiresAt                                   time.Time // payload expiry (received_at + PAYLOAD_RETENTION)
+	MaxAhead                                    int64     // sequence_too_far_ahead bound; <= 0 means DefaultMaxAhead
+}
+
+// Result is the answer to one envelope. Cursor is the stream's cursor after
+// the request (also filled for refusals decided at step 5; 0 for refusals
+// decided before it).
+type Result struct {
+	Outcome       Outcome
+	Reason        string
+	EventIdentity string
+	Cursor        int64
+}
+
+// AuditEntry is an answer decided before step 5 (forbidden, route_mismatch,
+// unknown_key, invalid_*, ...). ProjectID and EventIdentity may be empty.
+type AuditEntry struct {
+	ProjectID, EventIdentity string
+	Outcome                  string
+	Reason                   string
+}
+
+// BatchItem is one element of IngestBatch: exactly one of Ingest or Refusal.
+type BatchItem struct {
+	Actor   Actor
+	Ingest  *IngestInput
+	Refusal *AuditEntry
+}
+
+// lockStreamSQL takes the (tenant, project, producer) stream lock, creating
+// the stream on first sight. DO UPDATE (not DO NOTHING + SELECT FOR UPDATE)
+// because it always returns with the row locked, even when another
+// transaction created it concurrently.
+const lockStreamSQL = `
+INSERT INTO streams (tenant_id, project_id, producer_id) VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.cursor`
+
+// lockStreamsSQL locks several streams in one fixed order, so concurrent
+// batches never wait on each other in a cycle. Rows must be distinct.
+const lockStreamsSQL = `
+INSERT INTO streams (tenant_id, project_id, producer_id)
+SELECT t, p, d FROM unnest($1::text[], $2::text[], $3::text[]) AS s(t, p, d)
+ORDER BY t COLLATE "C", p COLLATE "C", d COLLATE "C"
+ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.cursor`
+
+// decideSQL is step 5 and step 6 in one statement, run after lockStreamSQL in
+// the same transaction. Being a separate statement matters: under READ
+// COMMITTED it takes its snapshot after the lock was granted, so it sees
+// everything the previous lock holder committed.
+//
+// The verdict follows the contract's order (a–e). An accepted envelope writes
+// its identity, payload and audit row; the cursor moves only when the
+// envelope takes the slot right after it, and then runs through every
+// retained sequence that is now contiguous (sequence - row_number() stays
+// equal to $7 exactly along the run). Any other verdict writes the audit row
+// alone. Data-modifying CTEs always run to completion, referenced or not.
+//
+//	$1 tenant  $2 project  $3 producer  $4 event identity  $5 idempotency digest
+//	$6 content digest  $7 sequence  $8 key id  $9 issued_at  $10 canonical envelope
+//	$11 payload expires_at  $12 max ahead  $13 account  $14 device
+//	$15 event identity (hex, for audit)  $16 correlation id
+const decideSQL = `
+WITH st AS (
+    SELECT cursor, replay_floor FROM streams
+    WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
+), ev AS (
+    SELECT content_digest FROM event_identities WHERE tenant_id = $1 AND event_identity = $4::bytea
+), idem AS (
+    SELECT content_digest FROM event_identities WHERE tenant_id = $1 AND idempotency_digest = $5::bytea
+), verdict AS (
+    SELECT st.cursor, st.replay_floor, CASE
+        WHEN EXISTS (SELECT FROM ev) THEN
+            CASE WHEN (SELECT content_digest FROM ev) = $6::bytea THEN 'duplicate' ELSE 'event_conflict' END
+        WHEN EXISTS (SELECT FROM idem) THEN
+            CASE WHEN (SELECT content_digest FROM idem) = $6::bytea THEN 'duplicate' ELSE 'idempotency_conflict' END
+        WHEN $7::bigint <= st.replay_floor THEN 'below_replay_floor'
+        WHEN EXISTS (SELECT FROM event_identities
+                     WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3 AND sequence = $7::bigint)
+            THEN 'sequence_conflict'
+        WHEN $7::bigint > st.cursor + $12::bigint THEN 'sequence_too_far_ahead'
+        ELSE 'accepted'
+    END AS v
+    FROM st
+), advance AS (
+    SELECT $7::bigint + (
+        SELECT count(*) FROM (
+            SELECT sequence - row_number() OVER (ORDER BY sequence) AS k
+            FROM event_identities
+            WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3 AND sequence > $7::bigint
+        ) run WHERE run.k = $7::bigint
+    ) AS cursor
+    FROM verdict
+    WHERE v = 'accepted' AND $7::bigint = greatest(verdict.cursor, verdict.replay_floor) + 1
+), identity AS (
+    INSERT INTO event_identities (tenant_id, event_identity, project_id, producer_id, sequence,
+                                  idempotency_digest, content_digest, key_id, issued_at)
+    SELECT $1, $4::bytea, $2, $3, $7::bigint, $5::bytea, $6::bytea, $8, $9::timestamptz
+    FROM verdict WHERE v = 'accepted'
+), payload AS (
+    INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+    SELECT $1, $4::bytea, $10::bytea, $11::timestamptz
+    FROM verdict WHERE v = 'accepted'
+), moved AS (
+    UPDATE streams SET cursor = advance.cursor, updated_at = now()
+    FROM advance
+    WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
+), audit AS (
+    INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
+                              outcome, reason, correlation_id)
+    SELECT $1, $2, $13, $14, $15,
+           CASE WHEN v IN ('accepted', 'duplicate') THEN v ELSE 'refused' END,
+           CASE WHEN v IN ('accepted', 'duplicate') THEN '' ELSE v END,
+           $16
+    FROM verdict
+)
+SELECT v, coalesce((SELECT cursor FROM advance), verdict.cursor) FROM verdict`
+
+const insertAuditSQL = `
+INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
+                          outcome, reason, correlation_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+
+// prepared is a validated item ready to queue.
+type prepared struct {
+	actor   Actor
+	in      *IngestInput
+	ev      []byte
+	refusal *AuditEntry
+}
+
+func validActor(a Actor) bool {
+	// Account and device may be empty (an operator action may have neither);
+	// the tenant never is: unauthenticated requests are never audited.
+	return identityRE.MatchString(a.TenantID) &&
+		(a.AccountID == "" || identityRE.MatchString(a.AccountID)) &&
+		(a.DeviceID == "" || identityRE.MatchString(a.DeviceID)) &&
+		correlationRE.MatchString(a.CorrelationID)
+}
+
+func prepareIngest(a Actor, in *IngestInput) (prepared, bool) {
+	if !validActor(a) || !validIdentity(in.ProjectID, in.ProducerID, in.KeyID) {
+		return prepared{}, false
+	}
+	ev, ok := decodeEventIdentity(in.EventIdentity)
+	if !ok || in.Sequence < 1 || in.Sequence > maxSequence || len(in.Canonical) == 0 ||
+		in.IssuedAt.IsZero() || in.ExpiresAt.IsZero() {
+		return prepared{}, false
+	}
+	return prepared{actor: a, in: in, ev: ev}, true
+}
+
+func prepareRefusal(a Actor, e *AuditEntry) (prepared, bool) {
+	if !validActor(a) || !codeRE.MatchString(e.Outcome) || (e.Reason != "" && !codeRE.MatchString(e.Reason)) ||
+		(e.ProjectID != "" && !identityRE.MatchString(e.ProjectID)) {
+		return prepared{}, false
+	}
+	if e.EventIdentity != "" {
+		if _, ok := decodeEventIdentity(e.EventIdentity); !ok {
+			return prepared{}, false
+		}
+	}
+	return prepared{actor: a, refusal: e}, true
+}
+
+func (p prepared) queue(b *pgx.Batch) {
+	a := p.actor
+	if p.refusal != nil {
+		e := p.refusal
+		b.Queue(insertAuditSQL, a.TenantID, e.ProjectID, a.AccountID, a.DeviceID, e.EventIdentity,
+			e.Outcome, e.Reason, a.CorrelationID)
+		return
+	}
+	in := p.in
+	maxAhead := in.MaxAhead
+	if maxAhead <= 0 {
+		maxAhead = DefaultMaxAhead
+	}
+	b.Queue(decideSQL, a.TenantID, in.ProjectID, in.ProducerID, p.ev, in.IdempotencyDigest[:],
+		in.ContentDigest[:], in.Sequence, in.KeyID, in.IssuedAt, in.Canonical, in.ExpiresAt,
+		maxAhead, a.AccountID, a.DeviceID, in.EventIdentity, a.CorrelationID)
+}
+
+// read collects the queued statement's answer from the pipeline.
+func (p prepared) read(br pgx.BatchResults) (Result, error) {
+	if p.refusal != nil {
+		if _, err := br.Exec(); err != nil {
+			return Result{}, err
+		}
+		return Result{Outcome: Outcome(p.refusal.Outcome), Reason: p.refusal.Reason, EventIdentity: p.refusal.EventIdentity}, nil
+	}
+	var v string
+	var cursor int64
+	if err := br.QueryRow().Scan(&v, &cursor); err != nil {
+		return Result{}, err
+	}
+	r := Result{EventIdentity: p.in.EventIdentity, Cursor: cursor}
+	switch v {
+	case string(OutcomeAccepted), string(OutcomeDuplicate):
+		r.Outcome = Outcome(v)
+	default:
+		r.Outcome, r.Reason = OutcomeRefused, v
+	}
+	return r, nil
+}
+
+// Ingest runs contract §2 steps 5–6 for one envelope: one transaction under
+// the stream lock that commits the identity, payload, cursor advance and audit
+// row together — or, for a duplicate or refusal, the audit row alone.
+//
+// BEGIN, the lock and the decision go out as one pipeline (one round trip),
+// then COMMIT (a second). An error means the caller must not acknowledge;
+// only if the connection breaks after COMMIT was sent may the work have
+// committed anyway (a lost acknowledgement), and a retry answers duplicate.
+func (s *Store) Ingest(ctx context.Context, a Actor, in IngestInput) (Result, error) {
+	rs, err := s.ingestBatch(ctx, "ingest", []BatchItem{{Actor: a, Ingest: &in}})
+	if err != nil {
+		return Result{}, err
+	}
+	return rs[0], nil
+}
+
+// Audit commits one audit row for an answer decided before step 5.
+func (s *Store) Audit(ctx context.Context, a Actor, e AuditEntry) error {
+	const op = "audit"
+	p, ok := prepareRefusal(a, &e)
+	if !ok {
+		return newErr(op, ErrInvalid)
+	}
+	_, err := s.sqlDB().ExecContext(ctx, insertAuditSQL, a.TenantID, e.ProjectID, a.AccountID, a.DeviceID,
+		e.EventIdentity, e.Outcome, e.Reason, p.actor.CorrelationID)
+	return classify(ctx, op, err)
+}
+
+// IngestBatch runs items in order in one transaction, each answered exactly
+// as if sent alone in that order (a later item sees the earlier ones). Every
+// distinct stream is locked up front in a fixed order, so concurrent batches
+// cannot deadlock on stream locks. An error means nothing was acknowledged
+// (see Ingest for the one ambiguous case). An invalid item fails the whole
+// batch with ErrInvalid before any database work.
+func (s *Store) IngestBatch(ctx context.Context, items []BatchItem) ([]Result, error) {
+	return s.ingestBatch(ctx, "ingest batch", items)
+}
+
+func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) ([]Result, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	if len(items) > MaxBatch {
+		return nil, newErr(op, ErrInvalid)
+	}
+	ps := make([]prepared, len(items))
+	type key struct{ t, p, d string }
+	seen := map[key]bool{}
+	var tenants, projects, producers []string
+	for i, it := range items {
+		var ok bool
+		switch {
+		case it.Ingest != nil && it.Refusal == nil:
+			ps[i], ok = prepareIngest(it.Actor, it.Ingest)
+			k := key{it.Actor.TenantID, it.Ingest.ProjectID, it.Ingest.ProducerID}
+			if ok && !seen[k] {
+				seen[k] = true
+				tenants, projects, producers = append(tenants, k.t), append(projects, k.p), append(producers, k.d)
+			}
+		case it.Refusal != nil && it.Ingest == nil:
+			ps[i], ok = prepareRefusal(it.Actor, it.Refusal)
+		}
+		if !ok {
+			return nil, newErr(op, ErrInvalid)
+		}
+	}
+
+	build := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		switch len(tenants) {
+		case 0:
+		case 1:
+			b.Queue(lockStreamSQL, tenants[0], projects[0], producers[0])
+		default:
+			b.Queue(lockStreamsSQL, tenants, projects, producers)
+		}
+		for _, p := range ps {
+			p.queue(b)
+		}
+		return b
+	}
+	locked := len(tenants) > 0
+
+	var results []Result
+	var err error
+	// A unique violation here can only come from another stream of the same
+	// project committing the same event or idempotency key first (everything
+	// else is decided under our stream lock); rerunning answers it as a
+	// duplicate or conflict. Deadlocks between batches waiting on each other's
+	// unique-index entries resolve the same way.
+	for attempt := 0; ; attempt++ {
+		err = s.withPgx(ctx, func(c *pgx.Conn) error {
+			var rerr error
+			results, rerr = runBatch(ctx, c, build(), locked, ps)
+			return rerr
+		})
+		if err == nil || !retryable(err) || attempt >= s.opts.MaxRetries || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	return results, nil
+}
+
+// runBatch sends BEGIN, the stream locks and every item's statement as one
+// pipeline (one round trip), reads every answer, and only then sends COMMIT.
+// The server commits nothing unless that COMMIT arrives: a caller that gives
+// up (cancelled context) or a session that dies before it leaves no trace.
+// Every path leaves the connection idle, or marks it bad so the pool drops it.
+func runBatch(ctx context.Context, c *pgx.Conn, b *pgx.Batch, locked bool, ps []prepared) (_ []Result, err error) {
+	defer func() {
+		if err == nil || c.IsClosed() {
+			return
+		}
+		// After an error part-way through a pipeline, pgx may return from
+		// BatchResults.Close with the rest of the pipeline unread: the
+		// connection is still busy and would fail whoever draws it next (the
+		// rerun of a lost unique race included). Such a connection is closed
+		// and reported bad, so the pool drops it.
+		if c.PgConn().IsBusy() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = c.Close(cctx)
+			err = errors.Join(err, driver.ErrBadConn)
+			return
+		}
+		if c.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, rerr := c.Exec(rctx, "ROLLBACK"); rerr != nil {
+				err = errors.Join(err, driver.ErrBadConn)
+			}
+		}
+	}()
+	br := c.SendBatch(ctx, b)
+	results := make([]Result, len(ps))
+	err = func() error {
+		if _, err := br.Exec(); err != nil { // BEGIN
+			return err
+		}
+		if locked {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		for i, p := range ps {
+			r, err := p.read(br)
+			if err != nil {
+				return err
+			}
+			results[i] = r
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Decided, not yet committed: a caller that gave up meanwhile gets
+	// nothing committed rather than an answer it will not read.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	tag, err := c.Exec(ctx, "COMMIT")
+	if err != nil {
+		return nil, err
+	}
+	if tag.String() != "COMMIT" {
+		return nil, errRolledBack
+	}
+	return results, nil
+}
+
+// errRolledBack: the server answered COMMIT with ROLLBACK (the transaction
+// had failed); it is never expected after every statement succeeded.
+var errRolledBack = errors.New("transaction rolled back at commit")
+
+// hexIdentity renders a stored event identity as the contract's lowercase hex.
+func hexIdentity(b []byte) string { return hex.EncodeToString(b) }

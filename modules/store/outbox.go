@@ -1,0 +1,294 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Outbox answers the caller acts on (errors.Is). Like ErrConflict they are
+// answers, not failures.
+var (
+	// ErrIdempotencyConflict: the idempotency key was used with other
+	// request content (HTTP 422 idempotency_conflict).
+	ErrIdempotencyConflict = errors.New("store: idempotency conflict")
+	// ErrNoEndpoint: no active endpoint subscribes to the topic (HTTP 422
+	// no_endpoint). Nothing was stored and no sequence was taken.
+	ErrNoEndpoint = errors.New("store: no active endpoint")
+	// ErrNotDead: a replay of a message that is not dead (HTTP 409 not_dead).
+	ErrNotDead = errors.New("store: message is not dead")
+	// ErrFenced: a settle for an attempt that no longer owns the message
+	// (its lease expired and it was claimed again, or it was settled already).
+	// The row is unchanged; the worker drops its result.
+	ErrFenced = errors.New("store: attempt fenced")
+)
+
+// Outbox bounds.
+const (
+	MinMaxAttempts     = 1
+	MaxMaxAttempts     = 50
+	DefaultMaxAttempts = 12
+	MaxClaim           = 100       // messages per Claim
+	MaxLease           = time.Hour // longest lease a Claim may take
+	MaxDeadLetterPage  = 100
+	MaxDueTenants      = 1000
+)
+
+// Message statuses.
+const (
+	StatusPending    = "pending"
+	StatusDelivering = "delivering"
+	StatusDelivered  = "delivered"
+	StatusDead       = "dead"
+)
+
+// Delivery error codes: the only values a settle may record. They are fixed
+// strings so nothing from a response (body, header, token) or payload can
+// reach a dead letter.
+const (
+	CodeHTTP4xx         = "http_4xx"
+	CodeHTTP410         = "http_410"
+	CodeHTTP5xx         = "http_5xx"
+	CodeHTTP429         = "http_429"
+	CodeHTTP408         = "http_408"
+	CodeTimeout         = "timeout"
+	CodeConnectFailed   = "connect_failed"
+	CodeRedirectRefused = "redirect_refused"
+	CodeBlockedAddress  = "blocked_address"
+	CodeTLSFailed       = "tls_failed"
+	CodeNoSecret        = "no_secret"
+)
+
+var errorCodes = map[string]bool{
+	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true, CodeHTTP408: true,
+	CodeTimeout: true, CodeConnectFailed: true, CodeRedirectRefused: true, CodeBlockedAddress: true,
+	CodeTLSFailed: true, CodeNoSecret: true,
+}
+
+// ValidErrorCode reports whether code is one of the Code* constants.
+func ValidErrorCode(code string) bool { return errorCodes[code] }
+
+var messageIDRE = regexp.MustCompile(`^msg_[0-9a-f]{24}$`)
+
+// EnqueueRequest is one POST /v1/outbox after the service checked it. The
+// tenant is the actor's. Build makes and signs the envelope for the sequence
+// the store allocated; it runs inside the transaction (keep it to signing)
+// and may run again if the transaction is retried after a race.
+type EnqueueRequest struct {
+	ProjectID, ProducerID, Topic     string
+	IdempotencyDigest, RequestDigest [32]byte // RequestDigest = sha256(JCS(request body))
+	MaxAttempts                      int
+	Build                            func(sequence int64) (canonical []byte, eventIdentity string, err error)
+}
+
+// EnqueueResult is the stored envelope (byte-identical on a repeat) and its
+// message ids, ordered by endpoint id. Created is false for a repeat.
+type EnqueueResult struct {
+	Envelope   []byte
+	MessageIDs []string
+	Created    bool
+}
+
+// allocateSequenceSQL takes the outbound stream lock and the next sequence
+// in one statement; the lock holds until the transaction ends, and a
+// rollback (refusal, repeat, failure) gives the sequence back.
+const allocateSequenceSQL = `
+INSERT INTO outbound_streams (tenant_id, project_id, producer_id, last_sequence) VALUES ($1, $2, $3, 1)
+ON CONFLICT (tenant_id, project_id, producer_id)
+DO UPDATE SET last_sequence = outbound_streams.last_sequence + 1, updated_at = now()
+RETURNING last_sequence`
+
+const findOutboundByKeySQL = `
+SELECT event_identity, request_digest, envelope FROM outbound_envelopes
+WHERE tenant_id = $1 AND project_id = $2 AND idempotency_digest = $3`
+
+const messageIDsSQL = `
+SELECT message_id FROM outbox_messages
+WHERE tenant_id = $1 AND event_identity = $2
+ORDER BY endpoint_id, message_id`
+
+const activeEndpointsSQL = `
+SELECT endpoint_id FROM endpoints
+WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active'
+ORDER BY endpoint_id`
+
+const insertOutboundSQL = `
+WITH env AS (
+    INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
+                                    idempotency_digest, request_digest, envelope)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING tenant_id, event_identity
+)
+INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
+                             max_attempts, budget, next_attempt_at)
+SELECT env.tenant_id, m.id, $3, $6, m.endpoint, env.event_identity, $10, $10, now()
+FROM env, unnest($11::text[], $12::text[]) AS m(id, endpoint)`
+
+// Enqueue runs POST /v1/outbox in one transaction: take the outbound stream
+// lock and the next sequence; answer a repeat of the idempotency key with the
+// stored envelope and ids (same RequestDigest) or ErrIdempotencyConflict;
+// find the topic's active endpoints (none: ErrNoEndpoint); Build the signed
+// envelope; store it once and one pending message per endpoint. Every answer
+// but a new enqueue rolls back, so it takes no sequence.
+//
+// The stream lock orders enqueues of one producer, so the repeat check sees
+// every earlier commit. The same key from another producer of the project is
+// a race the lock does not cover: the unique index refuses the second, and
+// the rerun transaction answers it as a repeat or conflict.
+func (s *Store) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
+	const op = "enqueue"
+	if !validActor(a) || !validIdentity(r.ProjectID, r.ProducerID) || !ValidTopic(r.Topic) ||
+		r.MaxAttempts < MinMaxAttempts || r.MaxAttempts > MaxMaxAttempts || r.Build == nil {
+		return EnqueueResult{}, newErr(op, ErrInvalid)
+	}
+	var res EnqueueResult
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = s.inTx(ctx, func(tx *sql.Tx) error {
+			var txErr error
+			res, txErr = enqueueTx(ctx, tx, a.TenantID, r)
+			return txErr
+		})
+		if err == nil || !retryable(err) || attempt >= s.opts.MaxRetries || ctx.Err() != nil {
+			break
+		}
+	}
+	if errors.Is(err, errRepeat) {
+		return res, nil
+	}
+	if err != nil {
+		return EnqueueResult{}, classify(ctx, op, err)
+	}
+	return res, nil
+}
+
+// errRepeat ends the transaction of a repeated request with a rollback; the
+// answer is already in the result.
+var errRepeat = errors.New("store: repeated enqueue")
+
+func enqueueTx(ctx context.Context, tx *sql.Tx, tenant string, r EnqueueRequest) (EnqueueResult, error) {
+	const op = "enqueue"
+	var seq int64
+	if err := tx.QueryRowContext(ctx, allocateSequenceSQL, tenant, r.ProjectID, r.ProducerID).Scan(&seq); err != nil {
+		return EnqueueResult{}, err
+	}
+
+	var ident, reqDigest, envelope []byte
+	err := tx.QueryRowContext(ctx, findOutboundByKeySQL, tenant, r.ProjectID, r.IdempotencyDigest[:]).
+		Scan(&ident, &reqDigest, &envelope)
+	switch {
+	case err == nil:
+		if !bytes.Equal(reqDigest, r.RequestDigest[:]) {
+			return EnqueueResult{}, newErr(op, ErrIdempotencyConflict)
+		}
+		ids, err := queryStrings(ctx, tx, messageIDsSQL, tenant, ident)
+		if err != nil {
+			return EnqueueResult{}, err
+		}
+		// The caller sees Created=false; returning an error rolls the
+		// sequence back.
+		return EnqueueResult{Envelope: envelope, MessageIDs: ids}, errRepeat
+	case !errors.Is(err, sql.ErrNoRows):
+		return EnqueueResult{}, err
+	}
+
+	endpoints, err := queryStrings(ctx, tx, activeEndpointsSQL, tenant, r.ProjectID, r.Topic)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	if len(endpoints) == 0 {
+		return EnqueueResult{}, newErr(op, ErrNoEndpoint)
+	}
+
+	canonical, eventIdentity, err := r.Build(seq)
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("store: enqueue: build envelope: %w", err)
+	}
+	ev, ok := decodeEventIdentity(eventIdentity)
+	if !ok || len(canonical) == 0 {
+		return EnqueueResult{}, newErr(op+": build returned no envelope or a bad identity", ErrInvalid)
+	}
+	ids := make([]string, len(endpoints))
+	for i := range ids {
+		if ids[i], err = newID("msg_"); err != nil {
+			return EnqueueResult{}, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, insertOutboundSQL, tenant, ev, r.ProjectID, r.ProducerID, seq, r.Topic,
+		r.IdempotencyDigest[:], r.RequestDigest[:], canonical, r.MaxAttempts, ids, endpoints); err != nil {
+		return EnqueueResult{}, err
+	}
+	return EnqueueResult{Envelope: canonical, MessageIDs: ids, Created: true}, nil
+}
+
+func queryStrings(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// MessageStatus is GET /v1/outbox/{id}. NextAttemptAt is when the message is
+// next due: the retry time while pending, the lease expiry while delivering
+// (the earliest another attempt can start), nil once delivered or dead.
+type MessageStatus struct {
+	MessageID, EndpointID, Topic, Status, LastErrorCode string
+	Attempts                                            int
+	NextAttemptAt, DeliveredAt                          *time.Time
+}
+
+const messageStatusColumns = `message_id, endpoint_id, topic, status, last_error_code, attempts,
+    next_attempt_at, delivered_at`
+
+func scanStatus(sc interface{ Scan(...any) error }) (MessageStatus, error) {
+	var m MessageStatus
+	var next, delivered sql.NullTime
+	if err := sc.Scan(&m.MessageID, &m.EndpointID, &m.Topic, &m.Status, &m.LastErrorCode, &m.Attempts,
+		&next, &delivered); err != nil {
+		return MessageStatus{}, err
+	}
+	if next.Valid {
+		m.NextAttemptAt = &next.Time
+	}
+	if delivered.Valid {
+		m.DeliveredAt = &delivered.Time
+	}
+	return m, nil
+}
+
+const outboxMessageSQL = `SELECT ` + messageStatusColumns + `
+FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2`
+
+// OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
+// other tenants' ids are all ErrNotFound.
+func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageStatus, error) {
+	const op = "outbox message"
+	if !validIdentity(tenant) {
+		return MessageStatus{}, newErr(op, ErrInvalid)
+	}
+	if !messageIDRE.MatchString(id) {
+		return MessageStatus{}, newErr(op, ErrNotFound)
+	}
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return MessageStatus{}, newErr(op, ErrNotFound)
+	}
+	if err != nil {
+		return MessageStatus{}, classify(ctx, op, err)
+	}
+	return m, nil
+}

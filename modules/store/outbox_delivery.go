@@ -1,0 +1,515 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claimed is one message a worker now holds until LeaseExpiresAt. Attempt is
+// the fencing token every settle must pass back. Body is the stored signed
+// envelope, byte-identical on every attempt.
+type Claimed struct {
+	TenantID, MessageID, EndpointID, URL, SecretRef, EventIdentity string
+	Attempt, MaxAttempts                                           int
+	Body                                                           []byte
+	LeaseExpiresAt                                                 time.Time
+}
+
+// dueSQL is the claimable set: pending and past its retry time, or
+// delivering with an expired lease (both are next_attempt_at <= now), and the
+// endpoint active. Messages of a disabled endpoint wait in place.
+const dueSQL = `
+FROM outbox_messages m
+JOIN endpoints e ON e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id
+WHERE m.status IN ('pending', 'delivering') AND m.next_attempt_at <= now() AND e.state = 'active'`
+
+// dueTenantsSQL lists tenants with due work, the longest-waiting first, so a
+// worker serving tenants in this order does not starve anyone.
+const dueTenantsSQL = `
+SELECT m.tenant_id` + dueSQL + `
+GROUP BY m.tenant_id
+ORDER BY min(m.next_attempt_at), m.tenant_id
+LIMIT $1`
+
+// DueTenants returns up to limit (1..MaxDueTenants) tenants that have
+// claimable messages, oldest due first.
+func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
+	const op = "due tenants"
+	if limit < 1 || limit > MaxDueTenants {
+		return nil, newErr(op, ErrInvalid)
+	}
+	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsSQL, limit)
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, classify(ctx, op, err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	return out, nil
+}
+
+// claimSQL locks up to $2 due messages of tenant $1, skipping rows another
+// claimer holds, and leases them in the same statement (one round trip, one
+// short transaction: no lock outlives the claim). A row another claimer
+// updated and committed between our scan and our lock is re-checked against
+// the WHERE clause on its new version, so it is never claimed twice for one
+// lease. Claiming a message whose lease expired counts a lease expiry.
+//
+// The plan is pinned to index lookups whatever the statistics say (a new
+// tenant's rows are often not analyzed yet, and a generic plan does not know
+// $2): the due scan follows outbox_messages_due_idx in ORDER BY order and
+// stops at the LIMIT; the update finds its rows by primary key through
+// = ANY(array); endpoint and body come from per-row primary-key subqueries.
+// Each claim costs O(claimed rows), not O(table).
+//
+//	$1 tenant  $2 max  $3 lease in microseconds
+const claimSQL = `
+WITH due AS (
+    SELECT m.message_id` + dueSQL + ` AND m.tenant_id = $1
+    ORDER BY m.next_attempt_at, m.message_id
+    LIMIT $2
+    FOR UPDATE OF m SKIP LOCKED
+), claimed AS (
+    UPDATE outbox_messages m SET
+        attempts         = m.attempts + 1,
+        lease_expiries   = m.lease_expiries + CASE WHEN m.status = 'delivering' THEN 1 ELSE 0 END,
+        status           = 'delivering',
+        next_attempt_at  = now() + $3::bigint * interval '1 microsecond',
+        lease_expires_at = now() + $3::bigint * interval '1 microsecond',
+        updated_at       = now()
+    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due))
+    RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
+)
+SELECT c.message_id, c.endpoint_id,
+       (SELECT e.url FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
+       (SELECT e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
+       c.event_identity, c.attempts, c.max_attempts,
+       (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity),
+       c.lease_expires_at
+FROM claimed c`
+
+// Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
+// (0 < lease <= MaxLease), incrementing each one's attempt counter. The
+// returned messages are in no particular order.
+func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
+	const op = "claim"
+	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
+		return nil, newErr(op, ErrInvalid)
+	}
+	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds())
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	defer rows.Close()
+	var out []Claimed
+	for rows.Next() {
+		c := Claimed{TenantID: tenant}
+		var ident []byte
+		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &ident, &c.Attempt,
+			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
+			return nil, classify(ctx, op, err)
+		}
+		c.EventIdentity = hexIdentity(ident)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	return out, nil
+}
+
+// Every settle matches the attempt it claimed and the delivering status:
+// after a lease expired and another worker claimed the message, attempts has
+// moved on and the stale worker's settle changes nothing.
+const fence = `tenant_id = $1 AND message_id = $2 AND attempts = $3 AND status = 'delivering'`
+
+const markDeliveredSQL = `
+UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), next_attempt_at = NULL,
+    lease_expires_at = NULL, last_error_code = '', updated_at = now()
+WHERE ` + fence
+
+// markRetrySQL schedules the next attempt, or makes the message dead when
+// the claimed attempt was its last.
+const markRetrySQL = `
+UPDATE outbox_messages SET
+    status           = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    next_attempt_at  = CASE WHEN attempts >= max_attempts THEN NULL ELSE $4::timestamptz END,
+    dead_at          = CASE WHEN attempts >= max_attempts THEN now() END,
+    lease_expires_at = NULL, last_error_code = $5, updated_at = now()
+WHERE ` + fence
+
+// markDeadSQL kills the message and, when $5 is set, disables its endpoint
+// in the same statement (a 410 Gone answer).
+const markDeadSQL = `
+WITH m AS (
+    UPDATE outbox_messages SET status = 'dead', dead_at = now(), next_attempt_at = NULL,
+        lease_expires_at = NULL, last_error_code = $4, updated_at = now()
+    WHERE ` + fence + `
+    RETURNING endpoint_id
+), e AS (
+    UPDATE endpoints SET state = 'disabled', disabled_reason = $4, updated_at = now()
+    FROM m
+    WHERE $5::boolean AND endpoints.tenant_id = $1 AND endpoints.endpoint_id = m.endpoint_id
+      AND endpoints.state = 'active'
+)
+SELECT count(*) FROM m`
+
+const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2)`
+
+func validSettle(tenant, id string, attempt int) bool {
+	return validIdentity(tenant) && messageIDRE.MatchString(id) && attempt >= 1
+}
+
+// settled turns "no row matched the fence" into ErrFenced, or ErrNotFound
+// when the message does not exist for tenant.
+func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) error {
+	if n > 0 {
+		return nil
+	}
+	var exists bool
+	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL, tenant, id).Scan(&exists); err != nil {
+		return classify(ctx, op, err)
+	}
+	if !exists {
+		return newErr(op, ErrNotFound)
+	}
+	return newErr(op, ErrFenced)
+}
+
+func (s *Store) execSettle(ctx context.Context, op, tenant, id, query string, args ...any) error {
+	res, err := s.sqlDB().ExecContext(ctx, query, args...)
+	if err != nil {
+		return classify(ctx, op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return classify(ctx, op, err)
+	}
+	return s.settled(ctx, op, tenant, id, n)
+}
+
+// MarkDelivered settles a 2xx answer for the claimed attempt. ErrFenced when
+// the attempt no longer owns the message; ErrNotFound for an unknown id.
+func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt int) error {
+	const op = "mark delivered"
+	if !validSettle(tenant, id, attempt) {
+		return newErr(op, ErrInvalid)
+	}
+	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt)
+}
+
+// MarkRetry records a retryable failure (code: one of the Code* constants)
+// and makes the message due again at next; when the claimed attempt was the
+// last of its budget the message is dead instead, with the same code.
+func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, next time.Time, code string) error {
+	const op = "mark retry"
+	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
+		return newErr(op, ErrInvalid)
+	}
+	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, next, code)
+}
+
+// MarkDead makes the message dead at once with code. With disableEndpoint
+// (a 410 Gone answer) its endpoint is disabled in the same transaction, with
+// code as the reason: later messages wait and new enqueues skip it.
+func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, code string, disableEndpoint bool) error {
+	const op = "mark dead"
+	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
+		return newErr(op, ErrInvalid)
+	}
+	var n int64
+	if err := s.sqlDB().QueryRowContext(ctx, markDeadSQL, tenant, id, attempt, code, disableEndpoint).Scan(&n); err != nil {
+		return classify(ctx, op, err)
+	}
+	return s.settled(ctx, op, tenant, id, n)
+}
+
+// OutboxStats is the worker's view of the backlog across tenants.
+type OutboxStats struct {
+	Due          int64         // claimable messages now
+	OldestDueAge time.Duration // how long the longest-waiting one has been due; 0 when none
+}
+
+const outboxStatsSQL = `
+SELECT count(*), coalesce((extract(epoch FROM now() - min(m.next_attempt_at)) * 1000000)::bigint, 0)` + dueSQL
+
+// OutboxStats counts claimable messages and the age of the oldest, for
+// metrics (no tenant breakdown: tenant ids are not metric labels).
+func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
+	const op = "outbox stats"
+	var st OutboxStats
+	var micros int64
+	if err := s.sqlDB().QueryRowContext(ctx, outboxStatsSQL).Scan(&st.Due, &micros); err != nil {
+		return OutboxStats{}, classify(ctx, op, err)
+	}
+	st.OldestDueAge = time.Duration(max(micros, 0)) * time.Microsecond
+	return st, nil
+}
+
+// DeadLetter is one entry of GET /v1/dead-letters. ErrorCode is the stable
+// code of the last attempt.
+type DeadLetter struct {
+	MessageID, EndpointID, Topic, ErrorCode string
+	Attempts                                int
+	CreatedAt, DeadAt                       time.Time
+}
+
+// listDeadSQL pages by (dead_at, message_id), the order of the partial index.
+const listDeadSQL = `
+SELECT message_id, endpoint_id, topic, last_error_code, attempts, created_at, dead_at
+FROM outbox_messages
+WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead'
+  AND ($3::timestamptz IS NULL OR (dead_at, message_id) > ($3::timestamptz, $4::text))
+ORDER BY dead_at, message_id
+LIMIT $5`
+
+// deadCursor encodes a page position. It is opaque to clients; it carries
+// only a time and a message id the caller already saw.
+func deadCursor(d DeadLetter) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(d.DeadAt.UnixMicro(), 10) + "." + d.MessageID))
+}
+
+func parseDeadCursor(c string) (time.Time, string, bool) {
+	if len(c) > 128 {
+		return time.Time{}, "", false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	micros, id, ok := strings.Cut(string(b), ".")
+	if !ok || !messageIDRE.MatchString(id) {
+		return time.Time{}, "", false
+	}
+	us, err := strconv.ParseInt(micros, 10, 64)
+	if err != nil || strconv.FormatInt(us, 10) != micros {
+		return time.Time{}, "", false
+	}
+	return time.UnixMicro(us).UTC(), id, true
+}
+
+// ListDeadLetters pages a project's dead messages, oldest death first. limit
+// is 1..MaxDeadLetterPage; after is "" for the first page or the next_after
+// of the previous one. The returned cursor is nil on the last page. A limit
+// out of range or a malformed cursor is ErrInvalid. A replayed message leaves
+// the list; if it dies again it comes back with its new dead_at, so pages
+// never repeat or skip an entry that stayed dead.
+func (s *Store) ListDeadLetters(ctx context.Context, tenant, project string, limit int, after string) ([]DeadLetter, *string, error) {
+	const op = "list dead letters"
+	if !validIdentity(tenant, project) || limit < 1 || limit > MaxDeadLetterPage {
+		return nil, nil, newErr(op, ErrInvalid)
+	}
+	var afterAt sql.NullTime
+	var afterID string
+	if after != "" {
+		t, id, ok := parseDeadCursor(after)
+		if !ok {
+			return nil, nil, newErr(op, ErrInvalid)
+		}
+		afterAt, afterID = sql.NullTime{Time: t, Valid: true}, id
+	}
+	rows, err := s.sqlDB().QueryContext(ctx, listDeadSQL, tenant, project, afterAt, afterID, limit+1)
+	if err != nil {
+		return nil, nil, classify(ctx, op, err)
+	}
+	defer rows.Close()
+	out := []DeadLetter{}
+	for rows.Next() {
+		var d DeadLetter
+		if err := rows.Scan(&d.MessageID, &d.EndpointID, &d.Topic, &d.ErrorCode, &d.Attempts, &d.CreatedAt,
+			&d.DeadAt); err != nil {
+			return nil, nil, classify(ctx, op, err)
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, classify(ctx, op, err)
+	}
+	if len(out) <= limit {
+		return out, nil, nil
+	}
+	out = out[:limit]
+	next := deadCursor(out[limit-1])
+	return out, &next, nil
+}
+
+// replaySQL puts a dead message back to pending with a fresh budget
+// (max_attempts = attempts + the request's max_attempts; attempts keeps
+// counting) and writes the audit row in the same statement.
+//
+//	$1 tenant  $2 message  $3 account  $4 device  $5 correlation id
+const replaySQL = `
+WITH m AS (
+    UPDATE outbox_messages SET status = 'pending', max_attempts = attempts + budget, replays = replays + 1,
+        next_attempt_at = now(), dead_at = NULL, updated_at = now()
+    WHERE tenant_id = $1 AND message_id = $2 AND status = 'dead'
+    RETURNING ` + messageStatusColumns + `, project_id, event_identity
+), audit AS (
+    INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
+                              outcome, reason, correlation_id)
+    SELECT $1, m.project_id, $3, $4, encode(m.event_identity, 'hex'), 'replayed', '', $5
+    FROM m
+)
+SELECT ` + messageStatusColumns + ` FROM m`
+
+// OutcomeReplayed is the audit outcome of a dead-letter replay.
+const OutcomeReplayed = "replayed"
+
+// ReplayDeadLetter puts the actor's tenant's dead message id back to pending
+// and returns its new status. Ids and body stay; the attempt counter keeps
+// growing. ErrNotDead when the message is not dead, ErrNotFound when it does
+// not exist for the tenant. A message of a disabled endpoint is replayed too
+// and waits until the endpoint is enabled.
+func (s *Store) ReplayDeadLetter(ctx context.Context, a Actor, id string) (MessageStatus, error) {
+	const op = "replay dead letter"
+	if !validActor(a) {
+		return MessageStatus{}, newErr(op, ErrInvalid)
+	}
+	if !messageIDRE.MatchString(id) {
+		return MessageStatus{}, newErr(op, ErrNotFound)
+	}
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, replaySQL, a.TenantID, id, a.AccountID, a.DeviceID,
+		a.CorrelationID))
+	if err == nil {
+		return m, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return MessageStatus{}, classify(ctx, op, err)
+	}
+	var exists bool
+	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL, a.TenantID, id).Scan(&exists); err != nil {
+		return MessageStatus{}, classify(ctx, op, err)
+	}
+	if !exists {
+		return MessageStatus{}, newErr(op, ErrNotFound)
+	}
+	return MessageStatus{}, newErr(op, ErrNotDead)
+}
+
+// SettleOutcome is what a Settlement records.
+type SettleOutcome string
+
+const (
+	SettleDelivered SettleOutcome = "delivered" // as MarkDelivered
+	SettleRetry     SettleOutcome = "retry"     // as MarkRetry: Next and Code
+	SettleDead      SettleOutcome = "dead"      // as MarkDead: Code and DisableEndpoint
+)
+
+// Settlement is one settle of SettleBatch.
+type Settlement struct {
+	MessageID       string
+	Attempt         int
+	Outcome         SettleOutcome
+	Next            time.Time // retry only
+	Code            string    // retry and dead
+	DisableEndpoint bool      // dead only
+}
+
+// MaxSettleBatch bounds one SettleBatch.
+const MaxSettleBatch = 1000
+
+func (st Settlement) valid() bool {
+	if !messageIDRE.MatchString(st.MessageID) || st.Attempt < 1 {
+		return false
+	}
+	switch st.Outcome {
+	case SettleDelivered:
+		return st.Code == "" && st.Next.IsZero() && !st.DisableEndpoint
+	case SettleRetry:
+		return ValidErrorCode(st.Code) && !st.Next.IsZero() && !st.DisableEndpoint
+	case SettleDead:
+		return ValidErrorCode(st.Code) && st.Next.IsZero()
+	}
+	return false
+}
+
+// SettleBatch applies several settles of one tenant in one round trip and
+// one commit: each exactly as the single Mark* call, fenced on its own
+// attempt. The durable commit is what a settle costs on most disks, so a
+// worker that gathers the answers finishing at about the same time settles
+// many per commit. The result has one entry per settlement, in order: nil,
+// ErrFenced or ErrNotFound. The error is for the batch as a whole
+// (ErrInvalid for any malformed settlement, before any database work; or a
+// database failure, after which none of the batch is applied).
+func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement) ([]error, error) {
+	const op = "settle batch"
+	if !validIdentity(tenant) || len(ss) > MaxSettleBatch {
+		return nil, newErr(op, ErrInvalid)
+	}
+	for _, st := range ss {
+		if !st.valid() {
+			return nil, newErr(op, ErrInvalid)
+		}
+	}
+	if len(ss) == 0 {
+		return nil, nil
+	}
+	b := &pgx.Batch{}
+	for _, st := range ss {
+		switch st.Outcome {
+		case SettleDelivered:
+			b.Queue(markDeliveredSQL, tenant, st.MessageID, st.Attempt)
+		case SettleRetry:
+			b.Queue(markRetrySQL, tenant, st.MessageID, st.Attempt, st.Next, st.Code)
+		case SettleDead:
+			b.Queue(markDeadSQL, tenant, st.MessageID, st.Attempt, st.Code, st.DisableEndpoint)
+		}
+	}
+	applied := make([]bool, len(ss))
+	err := s.withPgx(ctx, func(c *pgx.Conn) error {
+		br := c.SendBatch(ctx, b)
+		err := func() error {
+			for i, st := range ss {
+				if st.Outcome == SettleDead {
+					var n int64
+					if err := br.QueryRow().Scan(&n); err != nil {
+						return err
+					}
+					applied[i] = n > 0
+					continue
+				}
+				tag, err := br.Exec()
+				if err != nil {
+					return err
+				}
+				applied[i] = tag.RowsAffected() > 0
+			}
+			return nil
+		}()
+		// The implicit transaction commits at the pipeline's Sync, which
+		// Close waits for.
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	results := make([]error, len(ss))
+	for i, st := range ss {
+		if !applied[i] {
+			results[i] = s.settled(ctx, op, tenant, st.MessageID, 0)
+			if !errors.Is(results[i], ErrFenced) && !errors.Is(results[i], ErrNotFound) {
+				return nil, results[i]
+			}
+		}
+	}
+	return results, nil
+}

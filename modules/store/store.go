@@ -1,0 +1,155 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+)
+
+// Options tunes the connection pool. Zero values take the defaults noted.
+type Options struct {
+	MaxOpenConns    int           // default 16
+	MaxIdleConns    int           // default MaxOpenConns
+	ConnMaxLifetime time.Duration // default 30m: lets connections follow failovers
+	ConnMaxIdleTime time.Duration // default 5m
+	// ApplicationName is shown in pg_stat_activity; default "envelopeworker".
+	ApplicationName string
+	// StatementTimeout bounds every statement on the server (0: server default).
+	StatementTimeout time.Duration
+	// MaxRetries bounds re-runs of an ingest transaction that lost a race
+	// (unique violation across streams, deadlock); default 5.
+	MaxRetries int
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxOpenConns <= 0 {
+		o.MaxOpenConns = 16
+	}
+	if o.MaxIdleConns <= 0 || o.MaxIdleConns > o.MaxOpenConns {
+		o.MaxIdleConns = o.MaxOpenConns
+	}
+	if o.ConnMaxLifetime <= 0 {
+		o.ConnMaxLifetime = 30 * time.Minute
+	}
+	if o.ConnMaxIdleTime <= 0 {
+		o.ConnMaxIdleTime = 5 * time.Minute
+	}
+	if o.ApplicationName == "" {
+		o.ApplicationName = "envelopeworker"
+	}
+	if o.MaxRetries <= 0 {
+		o.MaxRetries = 5
+	}
+	return o
+}
+
+// Store is the PostgreSQL-backed state of the inbound side. It is safe for
+// concurrent use.
+type Store struct {
+	db   *bun.DB
+	opts Options
+}
+
+// Open prepares a pool for dsn. It does not connect: a binary can start while
+// the database is still coming up and report not-ready (Ping, SchemaVersion)
+// until it is reachable. A malformed DSN is ErrInvalid; its text (which may
+// hold a password) is never echoed.
+func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, classify(ctx, "open", err)
+	}
+	o = o.withDefaults()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, newErr("open: parse DSN", ErrInvalid)
+	}
+	cfg.RuntimeParams["application_name"] = o.ApplicationName
+	if o.StatementTimeout > 0 {
+		// Milliseconds, the setting's base unit: Go's "1m30s" is not a
+		// PostgreSQL interval literal.
+		cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(max(o.StatementTimeout.Milliseconds(), 1), 10)
+	}
+	// On a cancelled context, ask the server to cancel the running statement
+	// so its backend stops waiting on locks at once and the connection stays
+	// usable; close the socket only if the server does not answer in time.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 2 * time.Second}
+	}
+	sqldb := stdlib.OpenDB(*cfg)
+	sqldb.SetMaxOpenConns(o.MaxOpenConns)
+	sqldb.SetMaxIdleConns(o.MaxIdleConns)
+	sqldb.SetConnMaxLifetime(o.ConnMaxLifetime)
+	sqldb.SetConnMaxIdleTime(o.ConnMaxIdleTime)
+	return &Store{db: bun.NewDB(sqldb, pgdialect.New()), opts: o}, nil
+}
+
+// Close closes the pool; in-flight calls finish first.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return classify(context.Background(), "close", err)
+	}
+	return nil
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return classify(ctx, "ping", s.db.PingContext(ctx))
+}
+
+// DB exposes the pool for tests and tools only; services go through the
+// methods, which own the SQL.
+func (s *Store) DB() *bun.DB { return s.db }
+
+// sqlDB is the database/sql pool under bun; queries use real bind parameters
+// ($n, extended protocol) rather than bun's client-side formatting.
+func (s *Store) sqlDB() *sql.DB { return s.db.DB }
+
+// SchemaVersion is the applied migration version (0 on an empty database).
+// Readiness compares it with migrations.Latest().
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	v, err := migrations.Version(ctx, s.sqlDB())
+	if err != nil {
+		return 0, classify(ctx, "schema version", errors.Unwrap(err))
+	}
+	return v, nil
+}
+
+// withPgx runs fn on one pooled connection as a *pgx.Conn, for pipelined
+// batches that database/sql cannot express.
+func (s *Store) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
+	conn, err := s.sqlDB().Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		return fn(dc.(*stdlib.Conn).Conn())
+	})
+}
+
+// inTx runs fn in a READ COMMITTED transaction on database/sql.
+func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+	tx, err := s.sqlDB().BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if err = fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

@@ -1,0 +1,43 @@
+package store
+
+import (
+	"encoding/hex"
+	"regexp"
+)
+
+// The contract's identity rule (§1) for tenant, project, producer, account,
+// device and key ids. The store re-checks it so a caller bug cannot write an
+// identity the HTTP layer would have refused.
+var identityRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// Outcomes and reasons are short lowercase codes; anything else is a caller bug.
+var codeRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// correlationRE bounds correlation ids to printable, log-safe text.
+var correlationRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{0,128}$`)
+
+const maxSequence = 1<<53 - 1
+
+func validIdentity(ids ...string) bool {
+	for _, id := range ids {
+		if !identityRE.MatchString(id) {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeEventIdentity accepts the lowercase hex form of contract §1.
+func decodeEventIdentity(s string) ([]byte, bool) {
+	if len(s) != 64 {
+		return nil, false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return nil, false
+		}
+	}
+	b, err := hex.DecodeString(s)
+	return b, err == nil
+}
