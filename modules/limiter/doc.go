@@ -40,6 +40,10 @@
 // the per-replica rate as (intended rate / N), or accept the bound. The
 // memorystore also refills a whole bucket at each interval boundary (a fixed
 // window), so a client can spend up to twice the tokens across a boundary.
+// It adds interval/tokens tokens per elapsed interval, so it refills a bucket
+// in full only while tokens² ≤ the interval in nanoseconds (31,622 a second,
+// 1.8 million an hour); New refuses larger policies with ErrInvalidPolicy
+// instead of quietly enforcing a lower rate.
 //
 // A shared store (any limiter.Store, e.g. a Redis-backed one, passed with
 // WithStore) makes the limit global across replicas at the price of one

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"sync"
 	"time"
@@ -176,6 +177,15 @@ func New[K Key](p Policy, opts ...Option) (*Limiter[K], error) {
 		opt(&o)
 	}
 	if o.store == nil {
+		// go-limiter's memorystore refills interval/tokens tokens per elapsed
+		// interval (capped at tokens), so a policy with tokens² above the
+		// interval in nanoseconds silently refills less than configured (1e8
+		// per second lets about 10 a second through). Refuse it rather than
+		// enforce a rate nobody asked for.
+		if float64(p.Tokens)*float64(p.Tokens) > float64(p.Interval.Nanoseconds()) {
+			return nil, fmt.Errorf("%w: %d tokens per %s is more than the in-memory store can refill (at most √(interval in ns) tokens: %d per %s)",
+				ErrInvalidPolicy, p.Tokens, p.Interval, uint64(math.Sqrt(float64(p.Interval.Nanoseconds()))), p.Interval)
+		}
 		s, err := memorystore.New(&memorystore.Config{
 			Tokens:   p.Tokens,
 			Interval: p.Interval,

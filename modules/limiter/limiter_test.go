@@ -266,3 +266,22 @@ func BenchmarkTakeParallel(b *testing.B) {
 		}
 	})
 }
+
+func TestNewRefusesPoliciesTheMemoryStoreCannotRefill(t *testing.T) {
+	accept := func(p Policy) {
+		t.Helper()
+		l, err := New[PeerKey](p)
+		if err != nil {
+			t.Fatalf("%+v: %v", p, err)
+		}
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 31,622² < 1e9 ≤ 31,623²: the largest per-second budget the in-memory store refills in full.
+	accept(Policy{Tokens: 31622, Interval: time.Second})
+	accept(Policy{Tokens: 1_000_000, Interval: 1000 * time.Second})
+	if _, err := New[PeerKey](Policy{Tokens: 31623, Interval: time.Second}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("31623/s: err = %v, want ErrInvalidPolicy", err)
+	}
+}
