@@ -122,14 +122,15 @@ GRANT UPDATE (state, disabled_reason, updated_at) ON endpoints TO envelopeworker
 GRANT SELECT ON endpoints TO envelopeworker_ingest;
 GRANT SELECT, INSERT, UPDATE ON outbound_streams TO envelopeworker_ingest;
 GRANT SELECT, INSERT ON outbound_envelopes, outbox_messages TO envelopeworker_ingest;
-GRANT UPDATE (status, max_attempts, replays, next_attempt_at, lease_expires_at, dead_at, updated_at)
+GRANT UPDATE (status, max_attempts, replays, next_attempt_at, dead_at, updated_at)
     ON outbox_messages TO envelopeworker_ingest;
 
 -- operators (envctl): manage endpoints, list and replay dead letters. A
 -- replay writes an audit row, so operators may now append to the audit trail
 -- (still never update or delete it).
 GRANT SELECT, INSERT, UPDATE ON endpoints TO envelopeworker_operator;
-GRANT SELECT ON outbox_messages, outbound_envelopes TO envelopeworker_operator;
-GRANT UPDATE (status, max_attempts, replays, next_attempt_at, lease_expires_at, dead_at, updated_at)
+-- Payload-bearing envelopes stay out of the operator's reach.
+GRANT SELECT ON outbox_messages TO envelopeworker_operator;
+GRANT UPDATE (status, max_attempts, replays, next_attempt_at, dead_at, updated_at)
     ON outbox_messages TO envelopeworker_operator;
 GRANT INSERT ON audit_events TO envelopeworker_operator;

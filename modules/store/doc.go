@@ -6,6 +6,11 @@
 // conflict or accept in the contract's order, commit identity, payload,
 // cursor advance and audit row together — and the reads built on them.
 //
+// It also owns the outbound side (contract §4): endpoints, outbound streams
+// and envelopes, and the outbox of messages with their leases, fenced
+// settles, dead letters and replays (endpoints.go, outbox.go,
+// outbox_delivery.go; the design notes head outbox.go).
+//
 // The schema lives in the migrations module; this package assumes it and
 // never creates tables.
 //

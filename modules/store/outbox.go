@@ -1,5 +1,38 @@
 package store
 
+// Outbox (contract §4). This file and outbox_delivery.go own the outbound
+// side: the outbound streams (their own sequences, never visible in the
+// inbound read API), the signed envelope of each enqueue stored once as the
+// exact bytes every attempt sends, and one leased message per active
+// endpoint of the topic (endpoints.go). Signing keys and webhook secrets
+// never reach the database: Build signs in the service, and SecretRef names
+// secrets the worker resolves.
+//
+// Leases follow River's shape: Claim locks due rows with FOR UPDATE SKIP
+// LOCKED and leases them in the same statement, so no transaction or
+// connection is held while HTTP is in flight; the attempt counter is the
+// fencing token of every later settle (ErrFenced when it moved on).
+//
+// Choices where the contract is silent:
+//   - Idempotency is scoped to (tenant, project, key), whichever service
+//     device sends it. The repeat check runs before the endpoint check, so a
+//     repeat answers with the original even after its endpoints were disabled.
+//   - Ids are "ep_" and "msg_" plus 24 lowercase hex; an enqueue's message
+//     ids are ordered by endpoint id. Malformed ids read as ErrNotFound
+//     (Get*, OutboxMessage, ReplayDeadLetter) and are ErrInvalid in settles.
+//   - Topics follow the identity rule with up to 128 characters
+//     (ValidTopic); secret refs may also hold ':' and '/' (ValidSecretRef).
+//   - While a message is delivering, next_attempt_at reads as its lease
+//     expiry: the earliest another attempt can start.
+//   - MarkDelivered clears last_error_code; a replay keeps it (it is still the
+//     last attempt's error) and lets attempts keep counting.
+//   - A replayed message of a disabled endpoint waits, like any other of its
+//     messages, until the endpoint is enabled.
+//   - Dead letters are listed oldest death first; next_after is base64url of
+//     "<dead_at µs>.<message id>", opaque to clients, and only positions the
+//     scan inside the caller's own tenant and project.
+//   - Settles record only the fixed Code* strings (ValidErrorCode).
+
 import (
 	"bytes"
 	"context"

@@ -39,7 +39,8 @@ ORDER BY min(m.next_attempt_at), m.tenant_id
 LIMIT $1`
 
 // DueTenants returns up to limit (1..MaxDueTenants) tenants that have
-// claimable messages, oldest due first.
+// claimable messages, oldest due first. It reads every due message (cost
+// grows with the backlog, not the table); call it once per polling round.
 func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	const op = "due tenants"
 	if limit < 1 || limit > MaxDueTenants {
@@ -79,12 +80,26 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // Each claim costs O(claimed rows), not O(table).
 //
 //	$1 tenant  $2 max  $3 lease in microseconds
+// claimSQL leases due messages. A message whose lease expired on its last
+// allowed attempt is not attempted again: it goes dead with code timeout (its
+// fate at the receiver is unknown; an operator may replay it), so a message
+// that keeps killing workers cannot run past max_attempts.
 const claimSQL = `
 WITH due AS (
-    SELECT m.message_id` + dueSQL + ` AND m.tenant_id = $1
+    SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted` + dueSQL + ` AND m.tenant_id = $1
     ORDER BY m.next_attempt_at, m.message_id
     LIMIT $2
     FOR UPDATE OF m SKIP LOCKED
+), exhausted AS (
+    UPDATE outbox_messages m SET
+        status           = 'dead',
+        dead_at          = now(),
+        next_attempt_at  = NULL,
+        lease_expires_at = NULL,
+        lease_expiries   = m.lease_expiries + 1,
+        last_error_code  = 'timeout',
+        updated_at       = now()
+    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))
 ), claimed AS (
     UPDATE outbox_messages m SET
         attempts         = m.attempts + 1,
@@ -93,7 +108,7 @@ WITH due AS (
         next_attempt_at  = now() + $3::bigint * interval '1 microsecond',
         lease_expires_at = now() + $3::bigint * interval '1 microsecond',
         updated_at       = now()
-    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due))
+    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
     RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
 )
 SELECT c.message_id, c.endpoint_id,

@@ -413,3 +413,42 @@ func TestClaimSettleBatch(t *testing.T) {
 		t.Fatalf("empty batch: %v, %v", rs, err)
 	}
 }
+
+// A worker killed on a message's last allowed attempt must not make it run
+// past max_attempts: when that lease expires the message is dead (timeout),
+// listed as a dead letter, and a replay gives it a fresh budget.
+func TestLeaseExpiredOnLastAttemptGoesDead(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.addEndpoint("t1", "p1", "task.proposals")
+	o := out("k-last", `{}`)
+	o.maxAttempts = 2
+	id := f.enqueue(actor("t1", "svc1"), o).MessageIDs[0]
+	for attempt := 1; attempt <= 2; attempt++ {
+		c := f.claim("t1", 10)
+		if len(c) != 1 || c[0].Attempt != attempt {
+			t.Fatalf("claim %d: %+v", attempt, c)
+		}
+		f.expireLease("t1", id) // the worker died mid-attempt
+	}
+	if c := f.claim("t1", 10); len(c) != 0 {
+		t.Fatalf("claimed past max_attempts: %+v", c)
+	}
+	m := f.status("t1", id)
+	if m.Status != store.StatusDead || m.Attempts != 2 || m.LastErrorCode != "timeout" || m.NextAttemptAt != nil {
+		t.Fatalf("status %+v, want dead after 2 attempts with timeout", m)
+	}
+	if n := f.count(`SELECT lease_expiries FROM outbox_messages WHERE message_id = $1`, id); n != 2 {
+		t.Fatalf("lease expiries %d, want 2", n)
+	}
+	dl, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", 10, "")
+	if err != nil || len(dl) != 1 || dl[0].MessageID != id || dl[0].ErrorCode != "timeout" {
+		t.Fatalf("dead letters %+v, %v", dl, err)
+	}
+	if _, err := f.s.ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.claim("t1", 10); len(c) != 1 || c[0].Attempt != 3 {
+		t.Fatalf("claim after replay: %+v", c)
+	}
+}

@@ -58,6 +58,7 @@ var outboxRefused = map[string][]string{
 		`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity, max_attempts, budget) VALUES ('t','m','p','x','e','\x00',1,1)`,
 		`UPDATE outbox_messages SET attempts = 0`,
 		`DELETE FROM outbox_messages`,
+		`SELECT FROM outbound_envelopes`,
 		`UPDATE outbound_envelopes SET envelope = '\x00'`,
 		`DELETE FROM outbound_envelopes`,
 		`SELECT FROM outbound_streams`,
