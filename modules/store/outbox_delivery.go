@@ -80,6 +80,7 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // Each claim costs O(claimed rows), not O(table).
 //
 //	$1 tenant  $2 max  $3 lease in microseconds
+//
 // claimSQL leases due messages. A message whose lease expired on its last
 // allowed attempt is not attempted again: it goes dead with code timeout (its
 // fate at the receiver is unknown; an operator may replay it), so a message
