@@ -70,7 +70,11 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // short transaction: no lock outlives the claim). A row another claimer
 // updated and committed between our scan and our lock is re-checked against
 // the WHERE clause on its new version, so it is never claimed twice for one
-// lease. Claiming a message whose lease expired counts a lease expiry.
+// lease. Claiming a message whose lease expired counts a lease expiry. A
+// message whose lease expired on its last allowed attempt is not attempted
+// again: it goes dead with code timeout (its fate at the receiver is
+// unknown; an operator may replay it), so a message that keeps killing
+// workers cannot run past max_attempts.
 //
 // The plan is pinned to index lookups whatever the statistics say (a new
 // tenant's rows are often not analyzed yet, and a generic plan does not know
@@ -80,11 +84,6 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // Each claim costs O(claimed rows), not O(table).
 //
 //	$1 tenant  $2 max  $3 lease in microseconds
-//
-// claimSQL leases due messages. A message whose lease expired on its last
-// allowed attempt is not attempted again: it goes dead with code timeout (its
-// fate at the receiver is unknown; an operator may replay it), so a message
-// that keeps killing workers cannot run past max_attempts.
 const claimSQL = `
 WITH due AS (
     SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted` + dueSQL + ` AND m.tenant_id = $1
