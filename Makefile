@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -39,3 +39,9 @@ bench-store: ## store ingest benchmarks beside pgbench, same database, same run
 
 bench-ingest: ## ingest-api over HTTP beside pgbench, same database, same run
 	scripts/bench-ingest.sh
+
+bench-janitor: ## janitor delete throughput and its effect on concurrent ingest p99
+	scripts/bench-janitor.sh
+
+bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle loop
+	scripts/bench-delivery.sh

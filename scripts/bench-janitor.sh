@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# bench-janitor.sh — retention-janitor delete throughput over a backlog of expired payloads, and what a
+# janitor run does to the latency of ingest running at the same time (issue 6: ingest p99 should rise by
+# less than 25 %). Prints a table.
+#
+#   scripts/bench-janitor.sh
+#   BENCH_ROUNDS=3              rounds; each runs (a) ingest alone and (b) ingest with a janitor run,
+#                               the order flipped every round so drift in the machine's load hits both
+#   BENCH_SECONDS=15            length of each ingest run
+#   BENCH_RATE=400              fixed total ingest rate, envelopes/s (about half of what a 2 vCPU VM
+#                               sustains on the single route: a latency test, not a throughput test)
+#   BENCH_PRODUCERS=16          concurrent producers, single route, one request in flight each
+#   BENCH_PAYLOAD_BYTES=600     padding per ingested payload (about 1 KiB signed envelopes)
+#   BENCH_JANITOR_ROWS=100000   expired payload rows seeded before every round
+#   BENCH_JANITOR_ENVELOPE_BYTES=1000   size of each seeded (expired) envelope
+#   BENCH_JANITOR_DELAY=1       seconds between ingest's first request and the janitor's start
+#   BENCH_JANITOR_BATCH=1000    the janitor's JANITOR_BATCH_SIZE (1-1000)
+#   BENCH_KEEP_DB=1             keep the envelopeworker_bench_janitor database (dropped by default)
+#
+# It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench_janitor, migrates it,
+# builds the binaries, starts ingest-api on a free loopback port with limiters opened wide (as
+# bench-ingest.sh), sets up producers with loadgen-ingest, and per round seeds the expired rows as the
+# admin with set-based SQL (identities, payloads, their stream and key; VACUUM ANALYZE and CHECKPOINT
+# outside every measurement). In (b) the retention-janitor binary runs once, as envelopeworker_janitor
+# when the server lets that role in (else the admin DSN), started once ingest's first request is seen;
+# its summary line gives rows deleted and duration. Ingest payloads expire in the future, so the janitor
+# deletes only the seeded rows. A 5 s warm-up run goes first, unrecorded. The table gives each run's
+# latency and the WAL the server wrote during it; the verdict is the median of the per-round p99 ratios
+# (a neighbour's burst of load swings single runs 2-5x on a shared machine). Everything stops (ingest-api, a running load generator or janitor, a
+# throwaway cluster pg.sh started) and the database is dropped on exit. Every wait is bounded.
+set -euo pipefail
+script_name=bench-janitor.sh
+# shellcheck source=scripts/stack-lib.sh
+. "$(dirname "$0")/stack-lib.sh"
+
+rounds=${BENCH_ROUNDS:-3}
+seconds=${BENCH_SECONDS:-15}
+rate=${BENCH_RATE:-400}
+producers=${BENCH_PRODUCERS:-16}
+payload=${BENCH_PAYLOAD_BYTES:-600}
+jrows=${BENCH_JANITOR_ROWS:-100000}
+jbytes=${BENCH_JANITOR_ENVELOPE_BYTES:-1000}
+jdelay=${BENCH_JANITOR_DELAY:-1}
+jbatch=${BENCH_JANITOR_BATCH:-1000}
+for v in rounds seconds rate producers payload jrows jbytes jdelay jbatch; do
+	case "${!v}" in '' | *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
+done
+[ "$rounds" -ge 1 ] && [ "$seconds" -ge 1 ] && [ "$rate" -ge 1 ] && [ "$producers" -ge 1 ] && [ "$jrows" -ge 1 ] ||
+	die "rounds, seconds, rate, producers and janitor rows must be at least 1"
+need psql "install the PostgreSQL client (Debian: postgresql-client)"
+need curl "install curl"
+need timeout "install coreutils"
+
+work="$tmp/bench-janitor"
+rm -rf "$work"
+mkdir -p "$work"
+chmod 700 "$work"
+pidfile="$work/ingest-api.pid"
+loadgen_pid=""
+janitor_pid=""
+started_pg=0
+admin=""
+db=envelopeworker_bench_janitor
+cleanup() {
+	# Our own children, by pid, if a failure left one running.
+	for p in $loadgen_pid $janitor_pid; do kill -TERM "$p" 2>/dev/null || true; done
+	stop_pidfile "$pidfile" ingest-api
+	rm -f "$work/creds.json" # tokens and seeds of producers whose database is about to go
+	if [ -n "$admin" ] && [ "${BENCH_KEEP_DB:-0}" != 1 ]; then
+		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+	fi
+	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+}
+trap cleanup EXIT
+
+loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
+now() { date +%s.%N; }
+load_start=$(loadavg)
+
+pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
+eval "$pgenv"
+started_pg=${PG_STARTED_BY_US:-0}
+check_url_dsn "$TEST_DATABASE_URL"
+admin=$TEST_DATABASE_URL
+log "fresh database $db on $(redact "$admin")"
+fresh_db "$admin" "$db"
+dsn=$(dsn_with_db "$admin" "$db")
+build_bins
+log "building retention-janitor into .tmp/bin"
+(cd "$root" && go build -o "$bindir/retention-janitor" ./services/retention-janitor) || die "go build retention-janitor failed"
+"$bindir/envctl" migrate --database-url "$dsn" --timeout 2m >&2
+
+ingest_dsn=$(dsn_with_user "$dsn" envelopeworker_ingest)
+answers "$ingest_dsn" || ingest_dsn=$dsn
+janitor_dsn=$(dsn_with_user "$dsn" envelopeworker_janitor)
+if answers "$janitor_dsn"; then
+	janitor_as=envelopeworker_janitor
+else
+	log "the server does not let envelopeworker_janitor in without a password; the janitor uses the admin DSN"
+	janitor_dsn=$dsn
+	janitor_as=admin
+fi
+
+port=$(free_port 18280)
+mport=$(free_port $((port + 1)))
+url="http://127.0.0.1:$port"
+murl="http://127.0.0.1:$mport/metrics"
+# Limiters opened wide, as in bench-ingest.sh (see there why not more than 1.8M per hour).
+(
+	export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$port" METRICS_ADDR="127.0.0.1:$mport" \
+		SYNC_LIMIT_TOKENS=1800000 SYNC_LIMIT_INTERVAL=1h PEER_LIMIT_TOKENS=1800000 PEER_LIMIT_INTERVAL=1h \
+		LOG_LEVEL=warn
+	start_ingest "$pidfile" "$work/ingest-api.log"
+)
+wait_ready "$url" "$pidfile" "$work/ingest-api.log" 60
+"$bindir/loadgen-ingest" setup --database-url "$dsn" --producers "$producers" --out "$work/creds.json" >&2
+
+psql_admin() { psql "$dsn" -XqAt -v ON_ERROR_STOP=1 "$@"; }
+
+# The expired backlog lives in its own tenant, with the key that signed it (retired long ago) and its
+# stream, whose cursor covers every seeded sequence, so the database stays one `envctl verify` accepts.
+psql_admin -c "INSERT INTO producer_keys (tenant_id, key_id, public_key, state, retired_at)
+	VALUES ('bench-expired', 'k-expired', sha256('bench-expired'::bytea), 'retired', now() - interval '200 days')" ||
+	die "seeding the expired tenant's key failed"
+next_seq=1
+# seed_expired N: N more identities of stream (bench-expired, p-expired, d-expired), each with an expired
+# payload of about jbytes bytes; expires_at is spread over a few minutes, a day ago, as a real backlog is.
+seed_expired() {
+	local from=$next_seq to=$((next_seq + $1 - 1))
+	psql_admin -v from="$from" -v to="$to" -v bytes="$jbytes" <<'SQL' || die "seeding expired payloads failed"
+BEGIN;
+INSERT INTO event_identities
+	(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at, received_at)
+SELECT 'bench-expired', sha256(('e' || i)::bytea), 'p-expired', 'd-expired', i, sha256(('i' || i)::bytea),
+	sha256(('c' || i)::bytea), 'k-expired', now() - interval '100 days', now() - interval '100 days'
+FROM generate_series(:from::bigint, :to::bigint) AS i;
+INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+SELECT 'bench-expired', sha256(('e' || i)::bytea),
+	convert_to(rpad('{"sequence":' || i || ',"payload":"', :bytes - 2, 'x') || '"}', 'UTF8'),
+	now() - interval '1 day' + make_interval(secs => (i % 300000) / 1000.0)
+FROM generate_series(:from::bigint, :to::bigint) AS i;
+INSERT INTO streams (tenant_id, project_id, producer_id, cursor) VALUES ('bench-expired', 'p-expired', 'd-expired', :to)
+ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now();
+COMMIT;
+SQL
+	next_seq=$((to + 1))
+}
+expired_left() { psql_admin -c "SELECT count(*) FROM inbound_payloads WHERE expires_at <= now()"; }
+# settle: dead tuples of the last round vacuumed, statistics fresh, dirty pages flushed, so no
+# measurement pays for the one before it.
+settle() {
+	psql_admin -c "VACUUM ANALYZE inbound_payloads" -c "VACUUM ANALYZE event_identities" -c "CHECKPOINT" ||
+		die "VACUUM/CHECKPOINT failed (needs the admin DSN)"
+}
+
+# envelopes_seen -> the sum of ingest-api's envelopes_total counter (0 before any request).
+envelopes_seen() {
+	curl -fsS --max-time 2 "$murl" 2>/dev/null |
+		awk '/^envelopeworker_ingest_envelopes_total/ { s += $NF } END { printf "%d", s }'
+}
+
+field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9A-Za-z_.e+-]+)"?.*/\1/p' | head -n 1; }
+ms() { awk -v ns="$1" 'BEGIN { printf "%.1f", ns / 1e6 }'; }
+status=0
+
+# ingest_run OUTFILE [SECONDS]: one load generator run in the background; sets loadgen_pid.
+ingest_run() {
+	local secs=${2:-$seconds}
+	timeout $((secs + 180)) "$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds.json" \
+		--producers "$producers" --count "$((rate * (secs + 5)))" --duration "${secs}s" --rate "$rate" \
+		--payload-bytes "$payload" --json >"$1" 2>"$1.err" &
+	loadgen_pid=$!
+}
+
+# ingest_wait OUTFILE: waits for the load generator (not in a subshell: it is this shell's child) and
+# sets report; marks the benchmark failed when an envelope was not accepted.
+report=""
+ingest_wait() {
+	local rc=0
+	wait "$loadgen_pid" || rc=$?
+	loadgen_pid=""
+	report=$(cat "$1")
+	if [ "$rc" != 0 ] || [ -z "$report" ]; then
+		log "load generator exit $rc: $(tail -n 3 "$1.err" 2>/dev/null) $report"
+		status=1
+	fi
+}
+
+rows=()
+row() { rows+=("$(printf '%-5s %-16s %7s %7s %7s %8s %8s %7s %9s %9s %8s %9s' "$@")"); }
+row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "j.rows" "j.secs" "j.rows/s" "overlap s"
+# WAL written by the whole server during a run (ours and any neighbour's): what the fsyncs carry.
+wal_lsn() { psql_admin -c "SELECT pg_current_wal_lsn()"; }
+wal_mb() { psql_admin -c "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$1') / 1048576.0, 1)"; }
+base_p99=()
+jan_p99=()
+jan_rps=()
+overlaps=()
+
+run_baseline() {
+	local r=$1 out lsn wal
+	log "round $r: (a) ingest alone, ${rate} env/s for ${seconds}s"
+	lsn=$(wal_lsn)
+	ingest_run "$work/a$r.json"
+	ingest_wait "$work/a$r.json"
+	out=$report
+	wal=$(wal_mb "$lsn")
+	base_p99+=("$(field "$out" p99_ns)")
+	row "$r" "a ingest alone" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
+		"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" \
+		"$(ms "$(field "$out" max_ns)")" "$wal" "-" "-" "-" "-"
+}
+
+run_with_janitor() {
+	local r=$1 out before lsn wal i t_ing t_js t_je t_ie sum jr js stopped overlap jrc=0
+	log "round $r: (b) ingest with a janitor run over $jrows expired rows (as $janitor_as)"
+	before=$(envelopes_seen)
+	lsn=$(wal_lsn)
+	ingest_run "$work/b$r.json"
+	# The load generator signs every envelope before its clock starts: wait (bounded) for its first
+	# accepted envelope, so the janitor runs inside the measured window.
+	t_ing=""
+	for i in $(seq 1 600); do
+		if [ "$(envelopes_seen)" -gt "$before" ]; then t_ing=$(now); break; fi
+		kill -0 "$loadgen_pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	[ -n "$t_ing" ] || { ingest_wait "$work/b$r.json"; die "ingest never started in round $r"; }
+	sleep "$jdelay"
+	t_js=$(now)
+	DATABASE_URL="$janitor_dsn" JANITOR_TIMEOUT=5m JANITOR_BATCH_SIZE="$jbatch" LOG_LEVEL=info \
+		timeout 330 "$bindir/retention-janitor" >"$work/janitor$r.log" 2>&1 &
+	janitor_pid=$!
+	wait "$janitor_pid" || jrc=$?
+	janitor_pid=""
+	t_je=$(now)
+	ingest_wait "$work/b$r.json"
+	out=$report
+	wal=$(wal_mb "$lsn")
+	# Ingest's window ends elapsed_ns after its clock started (about when the first envelope was seen).
+	t_ie=$(awk -v s="$t_ing" -v ns="$(field "$out" elapsed_ns)" 'BEGIN { printf "%.3f", s + ns / 1e9 }')
+	sum=$(grep '"msg":"retention summary"' "$work/janitor$r.log" | tail -n 1 || true)
+	jr=$(field "$sum" rows_deleted)
+	js=$(field "$sum" duration_seconds)
+	stopped=$(field "$sum" stopped_by)
+	if [ "$jrc" != 0 ] || [ "$stopped" != done ] || [ "${jr:-0}" != "$jrows" ]; then
+		log "janitor run in round $r: exit $jrc, stopped_by ${stopped:-?}, rows ${jr:-?} (want $jrows); log: ${work#"$root"/}/janitor$r.log"
+		status=1
+	fi
+	overlap=$(awk -v a="$t_js" -v b="$t_je" -v c="$t_ing" -v d="$t_ie" \
+		'BEGIN { s = (a > c ? a : c); e = (b < d ? b : d); printf "%.1f", (e > s ? e - s : 0) }')
+	overlaps+=("$overlap")
+	jan_p99+=("$(field "$out" p99_ns)")
+	jan_rps+=("$(awk -v n="${jr:-0}" -v s="${js:-0}" 'BEGIN { printf "%.0f", (s > 0 ? n / s : 0) }')")
+	row "$r" "b + janitor" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
+		"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" \
+		"$(ms "$(field "$out" max_ns)")" "$wal" "${jr:-?}" "$(printf '%.2f' "${js:-0}")" "${jan_rps[-1]}" "$overlap"
+}
+
+# Warm-up, not recorded: the first run after start-up pays for cold caches, connection pools and
+# prepared statements (seen here: p99 of seconds instead of tens of milliseconds).
+log "warm-up: ingest alone, ${rate} env/s for 5s (not recorded)"
+ingest_run "$work/warmup.json" 5
+ingest_wait "$work/warmup.json"
+
+for r in $(seq 1 "$rounds"); do
+	log "round $r: seeding $jrows expired payloads (${jbytes} B each)"
+	seed_expired "$jrows"
+	settle
+	if [ $((r % 2)) = 1 ]; then
+		run_baseline "$r"
+		settle
+		run_with_janitor "$r"
+	else
+		run_with_janitor "$r"
+		settle
+		run_baseline "$r"
+	fi
+	left=$(expired_left)
+	[ "$left" = 0 ] || { log "round $r left $left expired payloads"; status=1; }
+	settle
+done
+
+echo
+echo "retention-janitor vs concurrent ingest ($(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds; ingest ${rate} env/s," \
+	"$producers producers, single route, ${seconds}s, payload ${payload} B; janitor $jrows rows of ${jbytes} B," \
+	"batch $jbatch, as $janitor_as; load average at start $load_start, at end $(loadavg))"
+printf '%s\n' "${rows[@]}"
+# The verdict uses medians: one run that a neighbour's burst of load hits must not decide it either way.
+awk -v b="${base_p99[*]}" -v j="${jan_p99[*]}" -v rps="${jan_rps[*]}" '
+function median(a, n,   i, k, t) {
+	for (i = 2; i <= n; i++) { t = a[i]; for (k = i - 1; k >= 1 && a[k] > t; k--) a[k + 1] = a[k]; a[k + 1] = t }
+	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+BEGIN {
+	n = split(b, bs, " "); split(j, js, " "); m = split(rps, rs, " ")
+	for (i = 1; i <= n; i++) {
+		ratio[i] = (bs[i] > 0 ? js[i] / bs[i] : 0)
+		printf "round %d: p99 with janitor / alone = %.2f\n", i, ratio[i]
+	}
+	if (n > 0) {
+		mr = median(ratio, n)
+		printf "median p99 alone %.1f ms, with janitor %.1f ms; median per-round ratio %.2f (%+.0f %%): target < +25 %% %s\n",
+			median(bs, n) / 1e6, median(js, n) / 1e6, mr, (mr - 1) * 100, (mr < 1.25 ? "met" : "NOT met")
+		printf "janitor: median %.0f payload rows/s\n", median(rs, m)
+	}
+}'
+awk -v o="${overlaps[*]}" -v secs="$seconds" 'BEGIN {
+	n = split(o, os, " "); for (i = 1; i <= n; i++) if (os[i] < secs / 2) short++
+	if (short) printf "note: in %d of %d rounds the janitor overlapped less than half of the %ds ingest run, so its effect on p99 is diluted; seed more rows (BENCH_JANITOR_ROWS) or shorten BENCH_SECONDS\n", short, n, secs
+}'
+exit "$status"
