@@ -67,6 +67,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		AllowLoopback: cfg.AllowInsecureLoopback,
 		Backoff:       sender.Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffMax, Jitter: backoffJitter},
 		Secrets:       current.Lookup,
+		// Every attempt slot may hold a connection to the same endpoint.
+		IdleConnsPerHost: cfg.Concurrency,
 	})
 	defer snd.Close()
 

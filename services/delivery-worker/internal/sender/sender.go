@@ -74,6 +74,11 @@ type Config struct {
 	Now func() time.Time
 	// UserAgent is sent on every request.
 	UserAgent string
+	// IdleConnsPerHost is how many idle connections to one endpoint are kept
+	// for reuse (default 8). Set it to the worker's concurrency: with fewer,
+	// a backlog for one endpoint closes and redials a connection for most
+	// attempts instead of reusing it.
+	IdleConnsPerHost int
 }
 
 // Sender performs attempts. It is safe for concurrent use.
@@ -97,6 +102,9 @@ func New(cfg Config) *Sender {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "envelopeworker-delivery/1"
 	}
+	if cfg.IdleConnsPerHost < 1 {
+		cfg.IdleConnsPerHost = 8
+	}
 	policy := netguard.Policy{AllowLoopback: cfg.AllowLoopback}
 	dialer := policy.Dialer(cfg.Timeout, cfg.Resolver)
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -113,8 +121,8 @@ func New(cfg Config) *Sender {
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   cfg.Timeout,
 		ResponseHeaderTimeout: cfg.Timeout,
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   8,
+		MaxIdleConns:          max(256, cfg.IdleConnsPerHost),
+		MaxIdleConnsPerHost:   cfg.IdleConnsPerHost,
 		IdleConnTimeout:       90 * time.Second,
 	}
 	hc := &http.Client{

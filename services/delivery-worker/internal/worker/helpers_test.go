@@ -166,7 +166,6 @@ type opts struct {
 	limit                 limiter.Policy
 	now                   func() time.Time
 	grace                 time.Duration
-	refs                  map[string]string
 }
 
 // newWorker builds a worker on its own pool, delivering to loopback with a

@@ -16,6 +16,7 @@ type Metrics struct {
 	fenced         prometheus.Counter
 	claims         prometheus.Counter
 	claimed        prometheus.Histogram
+	settleBatch    prometheus.Histogram
 	limiterRefused prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	inFlight       prometheus.Gauge
@@ -55,6 +56,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Subsystem: sub, Name: "claims_total",
 			Help: "Claim statements run.",
 		}),
+		settleBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "settle_batch_size",
+			Help:    "Settlements per database commit (settles are group-committed).",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}),
 		claimed: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "claimed_messages",
 			Help:    "Messages returned per claim.",
@@ -78,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.attempts, m.latency, m.due, m.oldestDueAge, m.leaseExpiries, m.fenced, m.claims,
-		m.claimed, m.limiterRefused, m.storeErrors, m.inFlight, m.secretReloads)
+		m.claimed, m.settleBatch, m.limiterRefused, m.storeErrors, m.inFlight, m.secretReloads)
 	return m
 }
 

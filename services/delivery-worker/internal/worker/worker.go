@@ -32,6 +32,10 @@
 // status) backs this up: a settle for an attempt that no longer owns the
 // message is ErrFenced and changes nothing.
 //
+// Settles are group-committed (see settler): the settlements of attempts
+// that finish while a commit is under way go out together in one
+// store.SettleBatch, each under its own fence and lease deadline.
+//
 // # Shutdown
 //
 // When Run's context ends the scheduler stops claiming; attempts in flight
@@ -65,6 +69,10 @@ type Config struct {
 	TenantsPerCycle int
 	// PollInterval is the wait when nothing is due or the store failed.
 	PollInterval time.Duration
+	// TenantRefresh is how long Run may serve the tenants whose last claim
+	// came back full before listing due tenants again (default
+	// min(PollInterval, 100ms)).
+	TenantRefresh time.Duration
 	// Grace is how long in-flight attempts may run after Run's context ends.
 	Grace time.Duration
 	// StoreTimeout bounds each store call.
@@ -94,7 +102,7 @@ func (c Config) Validate(httpTimeout time.Duration) error {
 		return fmt.Errorf("%w: tenants per cycle must be at most %d", ErrConfig, store.MaxDueTenants)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("%w: poll interval must be positive", ErrConfig)
-	case c.Grace < 0 || c.StoreTimeout <= 0 || c.StatsInterval < 0:
+	case c.Grace < 0 || c.StoreTimeout <= 0 || c.StatsInterval < 0 || c.TenantRefresh < 0:
 		return fmt.Errorf("%w: grace, store timeout and stats interval must not be negative", ErrConfig)
 	}
 	return nil
@@ -109,6 +117,7 @@ type Worker struct {
 	log     *slog.Logger
 	m       *Metrics
 	slots   chan struct{}
+	settles settler
 }
 
 // New builds a Worker. httpTimeout is the sender's, checked against the
@@ -122,6 +131,9 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.TenantRefresh == 0 {
+		cfg.TenantRefresh = min(cfg.PollInterval, 100*time.Millisecond)
 	}
 	if err := cfg.Validate(httpTimeout); err != nil {
 		return nil, err
@@ -146,12 +158,28 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
+	// The due-tenant list costs a scan of the whole backlog, so a cycle
+	// reuses the previous one's full tenants (their claims came back full:
+	// more is due) and asks again only when none is left or the list is
+	// TenantRefresh old. A tenant that just got due work waits at most that
+	// long plus one cycle.
+	var tenants []string
+	var listedAt time.Time
 	for ctx.Err() == nil {
-		n, err := w.Cycle(ctx, workCtx, &inflight)
+		var n int
+		var err error
+		if len(tenants) == 0 || time.Since(listedAt) >= w.cfg.TenantRefresh {
+			tenants, err = w.dueTenants(ctx)
+			listedAt = time.Now()
+		}
+		if err == nil {
+			n, tenants, err = w.serve(ctx, workCtx, tenants, &inflight)
+		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("delivery cycle failed", slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
 		}
 		if n == 0 || err != nil {
+			tenants = nil
 			w.sleep(ctx, w.cfg.PollInterval)
 		}
 	}
@@ -192,10 +220,18 @@ func (w *Worker) Cycle(ctx, workCtx context.Context, inflight *sync.WaitGroup) (
 	if err != nil {
 		return 0, err
 	}
+	n, _, err := w.serve(ctx, workCtx, tenants, inflight)
+	return n, err
+}
+
+// serve gives each of tenants one claim (see Cycle). It also returns the
+// tenants whose claim came back full: they most likely have more due work.
+func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight *sync.WaitGroup) (int, []string, error) {
 	total := 0
+	var full []string
 	for _, tenant := range tenants {
 		if ctx.Err() != nil {
-			return total, nil
+			return total, full, nil
 		}
 		dec, err := w.limiter.Take(ctx, limiter.DeliveryKey{Tenant: tenant})
 		if err != nil {
@@ -207,13 +243,16 @@ func (w *Worker) Cycle(ctx, workCtx context.Context, inflight *sync.WaitGroup) (
 			w.m.limiterRefused.Inc()
 			continue
 		}
-		n, err := w.claimAndStart(ctx, workCtx, tenant, inflight)
+		n, asked, err := w.claimAndStart(ctx, workCtx, tenant, inflight)
 		total += n
 		if err != nil {
-			return total, err
+			return total, full, err
+		}
+		if n > 0 && n == asked {
+			full = append(full, tenant)
 		}
 	}
-	return total, nil
+	return total, full, nil
 }
 
 func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
@@ -228,12 +267,13 @@ func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
 }
 
 // claimAndStart takes the free slots (waiting for at least one), claims
-// that many messages of tenant and starts one attempt per message.
-func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, inflight *sync.WaitGroup) (int, error) {
+// that many messages of tenant and starts one attempt per message. It
+// returns how many it claimed and how many it asked for.
+func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, inflight *sync.WaitGroup) (int, int, error) {
 	select {
 	case w.slots <- struct{}{}:
 	case <-ctx.Done():
-		return 0, nil
+		return 0, 0, nil
 	}
 	held := 1
 	for held < w.cfg.ClaimMax {
@@ -264,7 +304,7 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 	if err != nil {
 		release(held)
 		w.m.storeErrors.WithLabelValues("claim").Inc()
-		return 0, fmt.Errorf("claim: %w", err)
+		return 0, held, fmt.Errorf("claim: %w", err)
 	}
 	w.m.claimed.Observe(float64(len(claimed)))
 	release(held - len(claimed))
@@ -280,7 +320,7 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 			w.Attempt(workCtx, c, deadline)
 		}()
 	}
-	return len(claimed), nil
+	return len(claimed), held, nil
 }
 
 // Attempt sends one claimed message and settles the outcome, unless the
@@ -313,22 +353,29 @@ func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	}
 	w.m.latency.WithLabelValues(res.Verdict.String()).Observe(elapsed)
 
-	sctx, scancel := context.WithTimeout(ctx, min(w.cfg.StoreTimeout, time.Until(deadline)))
-	defer scancel()
 	verdict := res.Verdict
+	st := store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Code: res.Code}
 	switch res.Verdict {
 	case sender.Delivered:
-		err = w.store.MarkDelivered(sctx, c.TenantID, c.MessageID, c.Attempt)
+		st.Outcome, st.Code = store.SettleDelivered, ""
 	case sender.Retry:
 		if c.Attempt >= c.MaxAttempts {
 			verdict = sender.Dead
 		}
-		next := w.cfg.Now().Add(w.sender.NextAttemptDelay(c.Attempt, res))
-		err = w.store.MarkRetry(sctx, c.TenantID, c.MessageID, c.Attempt, next, res.Code)
+		st.Outcome, st.Next = store.SettleRetry, w.cfg.Now().Add(w.sender.NextAttemptDelay(c.Attempt, res))
 	case sender.Dead:
-		err = w.store.MarkDead(sctx, c.TenantID, c.MessageID, c.Attempt, res.Code, res.DisableEndpoint)
+		st.Outcome, st.DisableEndpoint = store.SettleDead, res.DisableEndpoint
 	default:
 		err = fmt.Errorf("worker: unknown verdict %d", res.Verdict)
+	}
+	if err == nil {
+		err = w.settle(ctx, &settleReq{tenant: c.TenantID, st: st, deadline: deadline, done: make(chan settleResult, 1)})
+	}
+	if errors.Is(err, errLeaseLost) {
+		w.m.leaseExpiries.Inc()
+		w.m.attempts.WithLabelValues("lease_lost", res.Code).Inc()
+		w.log.Warn("attempt outlived its lease while waiting to settle; not settled", slog.String("message_id", c.MessageID), slog.Int("attempt", c.Attempt))
+		return
 	}
 	switch {
 	case err == nil:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# bench-delivery.sh — delivery-worker draining a backlog to a loopback sink, next to a raw store loop
+# (Claim 100 + SettleBatch delivered, no HTTP, no signing) over the same rows in the same run.
+#
+#   scripts/bench-delivery.sh
+#   BENCH_MESSAGES=10000      backlog per run (about 1 KiB bodies)
+#   BENCH_WORKERS="1 2"       worker processes per run (one run each, fresh database each)
+#   BENCH_CONCURRENCY=200     DELIVERY_CONCURRENCY of each worker (2x the claim: the next claim of 100
+#                             goes out while the previous 100 settle)
+#
+# It ensures PostgreSQL (scripts/pg.sh), builds envctl, delivery-worker and loadgen-delivery into
+# .tmp/bin, and for each worker count makes a fresh database envelopeworker_bench_delivery, migrates it
+# and runs loadgen-delivery (see tools/internal/loaddelivery); the database is dropped on exit.
+set -euo pipefail
+script_name=bench-delivery.sh
+# shellcheck source=scripts/stack-lib.sh
+. "$(dirname "$0")/stack-lib.sh"
+
+messages=${BENCH_MESSAGES:-10000}
+workers_list=${BENCH_WORKERS:-"1 2"}
+concurrency=${BENCH_CONCURRENCY:-200}
+need psql "install the PostgreSQL client (Debian: postgresql-client)"
+need go "install Go 1.26"
+
+started_pg=0
+admin=""
+db=envelopeworker_bench_delivery
+cleanup() {
+	if [ -n "$admin" ]; then
+		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+	fi
+	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+}
+trap cleanup EXIT
+
+pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
+eval "$pgenv"
+started_pg=${PG_STARTED_BY_US:-0}
+check_url_dsn "$TEST_DATABASE_URL"
+admin=$TEST_DATABASE_URL
+mkdir -p "$bindir"
+log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
+(cd "$root" && go build -o "$bindir/envctl" ./tools/envctl) || die "go build envctl failed"
+(cd "$root" && go build -o "$bindir/delivery-worker" ./services/delivery-worker) || die "go build delivery-worker failed"
+(cd "$root" && go build -o "$bindir/loadgen-delivery" ./tools/loadgen-delivery) || die "go build loadgen-delivery failed"
+
+field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9.e+-]+).*/\1/p'; }
+rows=()
+row() { rows+=("$(printf '%-8s %12s %14s %8s %9s %9s %9s %6s' "$@")"); }
+row "workers" "raw rows/s" "worker msgs/s" "ratio" "p50 ms" "p99 ms" "max ms" "load"
+for w in $workers_list; do
+	fresh_db "$admin" "$db"
+	dsn=$(dsn_with_db "$admin" "$db")
+	"$bindir/envctl" migrate --database-url "$dsn" >&2
+	log "$w worker(s), $messages messages, concurrency $concurrency"
+	out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
+		--workers "$w" --concurrency "$concurrency" --messages "$messages")
+	log "$out"
+	row "$w" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
+		"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
+		"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" latency_p50_ms)" \
+		"$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" "$(field "$out" load_average_1m)"
+done
+
+echo
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency)"
+printf '%s\n' "${rows[@]}"

@@ -1,0 +1,119 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// errLeaseLost: the attempt's lease deadline passed before its settle could
+// be sent, so it was not sent.
+var errLeaseLost = errors.New("worker: lease deadline passed before settling")
+
+// Settling is group commit. Every finished attempt queues its settlement;
+// the first to find no flush running becomes the leader, takes everything
+// queued (at most store.MaxSettleBatch) and applies it with one
+// store.SettleBatch per tenant, one round trip and one commit each. While it
+// does, later attempts queue up behind it, so under load each commit carries
+// many settles and costs each message a fraction of a round trip; an idle
+// worker settles a lone attempt at once. When a leader is done and more is
+// queued it hands leadership to the oldest waiter instead of flushing on, so
+// no attempt holds its slot for more than its own batch. There is no
+// background goroutine: a worker that is not running holds nothing.
+//
+// Each settlement keeps its own fence (attempt and status, checked by the
+// store) and its own lease deadline: one whose deadline has passed when its
+// batch is sent is dropped (lease_lost), and a batch's store call is
+// bounded by the earliest deadline in it.
+type settler struct {
+	mu       sync.Mutex
+	pending  []*settleReq
+	flushing bool
+}
+
+type settleReq struct {
+	tenant   string
+	st       store.Settlement
+	deadline time.Time
+	done     chan settleResult // buffered (1): a lead handover, then the result
+}
+
+type settleResult struct {
+	err  error
+	lead bool // become the leader instead
+}
+
+// settle queues r and waits for its outcome: nil, errLeaseLost,
+// store.ErrFenced, store.ErrNotFound or a store failure.
+func (w *Worker) settle(ctx context.Context, r *settleReq) error {
+	b := &w.settles
+	b.mu.Lock()
+	b.pending = append(b.pending, r)
+	if b.flushing {
+		b.mu.Unlock()
+		res := <-r.done
+		if !res.lead {
+			return res.err
+		}
+		b.mu.Lock()
+	}
+	b.flushing = true
+	n := min(len(b.pending), store.MaxSettleBatch)
+	batch := slices.Clone(b.pending[:n])
+	b.pending = slices.Delete(b.pending, 0, n)
+	b.mu.Unlock()
+
+	w.flush(ctx, batch) // answers every request in batch, r among them
+
+	b.mu.Lock()
+	if len(b.pending) > 0 {
+		b.pending[0].done <- settleResult{lead: true}
+	} else {
+		b.flushing = false
+	}
+	b.mu.Unlock()
+	return (<-r.done).err
+}
+
+// flush settles batch, one SettleBatch per tenant, and answers each request.
+func (w *Worker) flush(ctx context.Context, batch []*settleReq) {
+	byTenant := map[string][]*settleReq{}
+	var order []string
+	now := w.cfg.Now()
+	for _, r := range batch {
+		if !now.Before(r.deadline) {
+			r.done <- settleResult{err: errLeaseLost}
+			continue
+		}
+		if _, ok := byTenant[r.tenant]; !ok {
+			order = append(order, r.tenant)
+		}
+		byTenant[r.tenant] = append(byTenant[r.tenant], r)
+	}
+	for _, tenant := range order {
+		reqs := byTenant[tenant]
+		earliest := reqs[0].deadline
+		ss := make([]store.Settlement, len(reqs))
+		for i, r := range reqs {
+			ss[i] = r.st
+			if r.deadline.Before(earliest) {
+				earliest = r.deadline
+			}
+		}
+		sctx, cancel := context.WithTimeout(ctx, min(w.cfg.StoreTimeout, earliest.Sub(w.cfg.Now())))
+		results, err := w.store.SettleBatch(sctx, tenant, ss)
+		cancel()
+		w.m.settleBatch.Observe(float64(len(ss)))
+		for i, r := range reqs {
+			if err != nil {
+				r.done <- settleResult{err: err}
+			} else {
+				r.done <- settleResult{err: results[i]}
+			}
+		}
+	}
+}

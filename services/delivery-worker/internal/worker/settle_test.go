@@ -1,0 +1,94 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// Settles that queue while a flush runs go out together in one SettleBatch,
+// and each keeps its own outcome: applied, fenced (a stale attempt), or not
+// sent at all because its lease deadline has passed.
+func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
+	e := newEnv(t)
+	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
+	for range 5 {
+		e.enqueue("t1", "orders", 12)
+	}
+	w, m := newWorker(t, e.dsn, opts{})
+	claimed, err := e.st.Claim(context.Background(), "t1", 5, 30*time.Second)
+	if err != nil || len(claimed) != 5 {
+		t.Fatalf("Claim: %d, %v", len(claimed), err)
+	}
+
+	// Another attempt's flush is in progress: new settles queue behind it.
+	w.settles.mu.Lock()
+	w.settles.flushing = true
+	w.settles.mu.Unlock()
+
+	future := time.Now().Add(time.Minute)
+	reqs := make([]*settleReq, len(claimed))
+	for i, c := range claimed {
+		reqs[i] = &settleReq{tenant: "t1", deadline: future, done: make(chan settleResult, 1),
+			st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
+	}
+	reqs[1].st.Attempt++                            // a stale attempt: fenced
+	reqs[2].deadline = time.Now().Add(-time.Second) // out of lease: not sent
+	errs := make([]error, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() { errs[i] = w.settle(context.Background(), r) })
+	}
+	waitQueued := func() bool {
+		w.settles.mu.Lock()
+		defer w.settles.mu.Unlock()
+		return len(w.settles.pending) == len(reqs)
+	}
+	for !waitQueued() {
+		time.Sleep(time.Millisecond) // the goroutines are queueing
+	}
+	// The running flush ends and hands over to the oldest waiter.
+	w.settles.mu.Lock()
+	w.settles.pending[0].done <- settleResult{lead: true}
+	w.settles.mu.Unlock()
+	wg.Wait()
+
+	for i, err := range errs {
+		switch i {
+		case 1:
+			if !errorsIs(err, store.ErrFenced) {
+				t.Errorf("stale attempt: %v, want ErrFenced", err)
+			}
+		case 2:
+			if !errorsIs(err, errLeaseLost) {
+				t.Errorf("expired lease: %v, want errLeaseLost", err)
+			}
+		default:
+			if err != nil {
+				t.Errorf("settle %d: %v", i, err)
+			}
+		}
+	}
+	var h dto.Metric
+	if err := m.settleBatch.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	// One commit carrying the four settles that were sent.
+	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != 4 {
+		t.Fatalf("settle batches: %d commits of %v settles, want 1 of 4", h.GetHistogram().GetSampleCount(), h.GetHistogram().GetSampleSum())
+	}
+	if got := e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`); got != 3 {
+		t.Fatalf("%d delivered, want 3", got)
+	}
+	if got := e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivering'`); got != 2 {
+		t.Fatalf("%d still delivering, want 2 (fenced and out of lease)", got)
+	}
+	if w.settles.flushing || len(w.settles.pending) != 0 {
+		t.Fatal("settler not idle after the batch")
+	}
+}
