@@ -29,7 +29,7 @@ tidy: ## go mod tidy in every module
 build: ## build every binary into bin/
 	@mkdir -p bin
 	for s in ingest-api delivery-worker retention-janitor; do (cd services/$$s && go build -o ../../bin/$$s .) || exit 1; done
-	cd tools && go build -o ../bin/ ./envctl ./loadgen-ingest ./webhook-sink
+	cd tools && go build -o ../bin/ ./envctl ./loadgen-ingest ./loadgen-delivery ./webhook-sink
 
 bench-envelope: ## envelope parse/canonicalize/verify benchmarks
 	cd modules/envelope && go test -run '^$$' -bench . -benchmem -count 5
