@@ -167,20 +167,26 @@ func TestRunDeliversAndRotates(t *testing.T) {
 		t.Fatalf("%d signatures during rotation, want 2", n)
 	}
 
-	// The receiver answered; wait for the worker to settle before reading
-	// its counters.
-	for {
+	// The receiver answered; wait for the worker to settle and count both
+	// deliveries (the row commits before the counter moves) before reading
+	// the rest of its metrics.
+	const delivered = `envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`
+	var metrics string
+	for deadline := time.Now().Add(10 * time.Second); ; {
 		var n int
 		if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 2 {
+		_, metrics = get(t, "http://"+addr+"/metrics")
+		if n == 2 && strings.Contains(metrics, delivered) {
 			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: %d delivered rows; metrics:\n%s", n, metrics)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	_, metrics := get(t, "http://"+addr+"/metrics")
-	for _, want := range []string{`envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`,
+	for _, want := range []string{delivered,
 		"envelopeworker_delivery_due_messages", "envelopeworker_delivery_oldest_due_age_seconds",
 		"envelopeworker_delivery_lease_expiries_total", "envelopeworker_delivery_fenced_settles_total",
 		"envelopeworker_delivery_attempt_duration_seconds_bucket", `envelopeworker_delivery_secret_reloads_total{result="ok"}`} {
