@@ -59,7 +59,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		BackoffBase:           time.Second,
 		BackoffMax:            10 * time.Minute,
 		HTTPTimeout:           10 * time.Second,
-		Concurrency:           16,
+		Concurrency:           2 * store.MaxClaim, // a full claim goes out while the previous one is still being sent
 		ClaimSize:             store.MaxClaim,
 		LimitTokens:           50,
 		LimitInterval:         time.Second,
