@@ -274,3 +274,53 @@ func equalInts(a, b []int) bool {
 	}
 	return true
 }
+
+// The pause between batches ends at once when the run is cancelled (SIGTERM
+// or the cycle timeout), and is not slept before the first batch or after
+// the last.
+func TestSweepPacedPauseEndsOnCancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := deleterFunc(func(context.Context, time.Time, int) (int, error) {
+		cancel() // SIGTERM arrives while the first batch commits
+		return 1000, nil
+	})
+	done := make(chan Summary, 1)
+	go func() {
+		sum, err := SweepPaced(ctx, d, time.Now(), 1000, time.Hour)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- sum
+	}()
+	select {
+	case sum := <-done:
+		if sum != (Summary{RowsDeleted: 1000, Batches: 1, StoppedBy: StoppedCanceled}) {
+			t.Fatalf("summary = %+v", sum)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("an hour-long pause did not end on cancel")
+	}
+
+	// Nothing to delete: no pause at all, even an hour-long one.
+	empty := deleterFunc(func(context.Context, time.Time, int) (int, error) { return 0, nil })
+	go func() {
+		sum, _ := SweepPaced(context.Background(), empty, time.Now(), 1000, time.Hour)
+		done <- sum
+	}()
+	select {
+	case sum := <-done:
+		if sum != (Summary{StoppedBy: StoppedDone}) {
+			t.Fatalf("summary = %+v", sum)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("paused before the first batch")
+	}
+}
+
+type deleterFunc func(context.Context, time.Time, int) (int, error)
+
+func (f deleterFunc) DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error) {
+	return f(ctx, now, batch)
+}
