@@ -25,10 +25,6 @@ type Config struct {
 	// BatchSize is the most payload rows one DELETE removes (JANITOR_BATCH_SIZE,
 	// 1..1000, default 1000): short transactions keep locks and WAL bursts small.
 	BatchSize int
-	// BatchPause is slept after each batch (JANITOR_BATCH_PAUSE, default
-	// 50ms, at most 1m): it bounds the janitor's share of the disk so
-	// concurrent ingest keeps its latency (docs/benchmarks.md).
-	BatchPause time.Duration
 	// PushgatewayURL, when set, receives the run's metrics (PUSHGATEWAY_URL);
 	// otherwise the figures appear only in the summary log line.
 	PushgatewayURL string
@@ -41,7 +37,6 @@ type Config struct {
 // Defaults.
 const (
 	DefaultTimeout     = 10 * time.Minute
-	DefaultBatchPause  = 50 * time.Millisecond
 	DefaultPushTimeout = 10 * time.Second
 )
 
@@ -60,7 +55,6 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 		{"DATABASE_URL", "PostgreSQL URL for the envelopeworker_janitor role (required)", ""},
 		{"JANITOR_TIMEOUT", "Go duration bounding one cycle of deletes", DefaultTimeout.String()},
 		{"JANITOR_BATCH_SIZE", "payload rows deleted per batch, 1-1000", strconv.Itoa(store.MaxDeleteBatch)},
-		{"JANITOR_BATCH_PAUSE", "Go duration slept after each batch, 0 to 1m (bounds the janitor's share of the disk)", DefaultBatchPause.String()},
 		{"PUSHGATEWAY_URL", "Prometheus Pushgateway base URL; empty: metrics only in the summary log line", ""},
 		{"PUSHGATEWAY_TIMEOUT", "Go duration bounding the metrics push", DefaultPushTimeout.String()},
 		{"LOG_LEVEL", "debug, info, warn or error", "info"},
@@ -111,9 +105,6 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 		return Config{}, fmt.Errorf("%w: JANITOR_BATCH_SIZE must be an integer from 1 to %d", ErrConfig, store.MaxDeleteBatch)
 	}
 	c.BatchSize = n
-	if c.BatchPause, err = time.ParseDuration(*vals["JANITOR_BATCH_PAUSE"]); err != nil || c.BatchPause < 0 || c.BatchPause > time.Minute {
-		return Config{}, fmt.Errorf("%w: JANITOR_BATCH_PAUSE must be a Go duration from 0 to 1m", ErrConfig)
-	}
 	c.PushgatewayURL = *vals["PUSHGATEWAY_URL"]
 	if c.PushgatewayURL != "" {
 		u, err := url.Parse(c.PushgatewayURL)

@@ -18,7 +18,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 1000, BatchPause: 50 * time.Millisecond, PushTimeout: 10 * time.Second, LogLevel: "info"}
+	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 1000, PushTimeout: 10 * time.Second, LogLevel: "info"}
 	if c != want {
 		t.Fatalf("config = %+v, want %+v", c, want)
 	}
@@ -29,7 +29,6 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 		"DATABASE_URL":        "postgres://env@db/x",
 		"JANITOR_TIMEOUT":     "90s",
 		"JANITOR_BATCH_SIZE":  "250",
-		"JANITOR_BATCH_PAUSE": "0s",
 		"PUSHGATEWAY_URL":     "http://pushgateway:9091",
 		"PUSHGATEWAY_TIMEOUT": "3s",
 		"LOG_LEVEL":           "warn",
@@ -38,16 +37,16 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, BatchPause: 0, PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("env config = %+v, want %+v", c, want)
 	}
 	// A flag wins over its environment variable; both dash forms work.
-	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-batch-pause", "1s", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
+	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, BatchPause: time.Second, PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("flag config = %+v, want %+v", c, want)
 	}
@@ -89,9 +88,6 @@ func TestLoadConfigRefusals(t *testing.T) {
 		{"batch zero", map[string]string{"JANITOR_BATCH_SIZE": "0"}, nil, "JANITOR_BATCH_SIZE"},
 		{"batch above contract", map[string]string{"JANITOR_BATCH_SIZE": "1001"}, nil, "JANITOR_BATCH_SIZE"},
 		{"batch not a number", nil, []string{"--janitor-batch-size", "many"}, "JANITOR_BATCH_SIZE"},
-		{"pause not a duration", map[string]string{"JANITOR_BATCH_PAUSE": "a little"}, nil, "JANITOR_BATCH_PAUSE"},
-		{"pause negative", nil, []string{"--janitor-batch-pause", "-1ms"}, "JANITOR_BATCH_PAUSE"},
-		{"pause above a minute", map[string]string{"JANITOR_BATCH_PAUSE": "61s"}, nil, "JANITOR_BATCH_PAUSE"},
 		{"pushgateway scheme", map[string]string{"PUSHGATEWAY_URL": "ftp://u:pw-push@gw"}, nil, "PUSHGATEWAY_URL"},
 		{"pushgateway no host", map[string]string{"PUSHGATEWAY_URL": "http://"}, nil, "PUSHGATEWAY_URL"},
 		{"push timeout", map[string]string{"PUSHGATEWAY_TIMEOUT": "soon"}, nil, "PUSHGATEWAY_TIMEOUT"},

@@ -125,7 +125,7 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
 	defer cancel()
-	sum, err = SweepPaced(cycleCtx, st, cutoff, cfg.BatchSize, cfg.BatchPause)
+	sum, err = Sweep(cycleCtx, st, cutoff, cfg.BatchSize)
 	return err
 }
 

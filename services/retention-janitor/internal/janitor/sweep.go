@@ -42,25 +42,8 @@ type Summary struct {
 // store error ends the sweep with StoppedError and is returned. Duration is
 // left to the caller, which times the whole run.
 func Sweep(ctx context.Context, d Deleter, now time.Time, batch int) (Summary, error) {
-	return SweepPaced(ctx, d, now, batch, 0)
-}
-
-// SweepPaced is Sweep with a pause after every batch that deleted rows. An
-// expired backlog sits in pages untouched since the last checkpoint, so each
-// delete writes full-page images to the WAL; unpaced, the janitor competes
-// with ingest for the disk and raises its tail latency. The pause bounds the
-// janitor's share (JANITOR_BATCH_PAUSE) and ends early on cancellation.
-func SweepPaced(ctx context.Context, d Deleter, now time.Time, batch int, pause time.Duration) (Summary, error) {
 	var s Summary
 	for {
-		if s.Batches > 0 && pause > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
-		}
 		if ctx.Err() != nil {
 			s.StoppedBy = stopReason(ctx)
 			return s, nil
