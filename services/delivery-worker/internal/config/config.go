@@ -77,7 +77,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"DELIVERY_LEASE", "claim lease of one attempt (Go duration)", (*durationValue)(&c.Lease)},
 		{"DELIVERY_BACKOFF_BASE", "retry delay after the first failed attempt (Go duration)", (*durationValue)(&c.BackoffBase)},
 		{"DELIVERY_BACKOFF_MAX", "longest retry delay, also the cap on Retry-After (Go duration)", (*durationValue)(&c.BackoffMax)},
-		{"DELIVERY_HTTP_TIMEOUT", "timeout of one HTTP attempt; must be under 4/5 of DELIVERY_LEASE", (*durationValue)(&c.HTTPTimeout)},
+		{"DELIVERY_HTTP_TIMEOUT", "timeout of one HTTP attempt; shortened to 72% of DELIVERY_LEASE when it does not fit under 4/5 of it", (*durationValue)(&c.HTTPTimeout)},
 		{"DELIVERY_ALLOW_INSECURE_LOOPBACK", "allow loopback endpoints, and plain http to them only (local runs, tests)", (*boolValue)(&c.AllowInsecureLoopback)},
 		{"DELIVERY_CONCURRENCY", "attempts in flight at most", (*intValue)(&c.Concurrency)},
 		{"DELIVERY_CLAIM_SIZE", "messages per claim at most (1–100)", (*intValue)(&c.ClaimSize)},
@@ -114,6 +114,13 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
+	}
+	// Every attempt must end by 4/5 of the lease, the rest being kept for
+	// settling. A short lease (local runs, tests of lease expiry) would make
+	// the default timeout invalid, so the timeout is shortened to fit rather
+	// than the worker refused.
+	if limit := c.Lease - c.Lease/5; c.Lease > 0 && c.HTTPTimeout >= limit {
+		c.HTTPTimeout = limit - limit/10
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,7 +96,6 @@ func TestRefusals(t *testing.T) {
 		{"bad duration", map[string]string{"DELIVERY_LEASE": "soon"}, nil, "DELIVERY_LEASE: not a Go duration"},
 		{"zero lease", map[string]string{"DELIVERY_LEASE": "0s"}, nil, "DELIVERY_LEASE must be positive"},
 		{"long lease", map[string]string{"DELIVERY_LEASE": "2h"}, nil, "DELIVERY_LEASE"},
-		{"timeout vs lease", map[string]string{"DELIVERY_LEASE": "10s", "DELIVERY_HTTP_TIMEOUT": "8s"}, nil, "DELIVERY_HTTP_TIMEOUT"},
 		{"max below base", map[string]string{"DELIVERY_BACKOFF_BASE": "1m", "DELIVERY_BACKOFF_MAX": "30s"}, nil, "DELIVERY_BACKOFF_MAX"},
 		{"zero base", map[string]string{"DELIVERY_BACKOFF_BASE": "0s"}, nil, "DELIVERY_BACKOFF_BASE"},
 		{"concurrency", map[string]string{"DELIVERY_CONCURRENCY": "0"}, nil, "DELIVERY_CONCURRENCY"},
@@ -130,5 +130,30 @@ func TestRefusesBadSecretsFileWithoutEchoingIt(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "c2hvcnRzZWNyZXQ") {
 		t.Fatal("error echoes the secret")
+	}
+}
+
+// A lease too short for the HTTP timeout shortens the timeout (to 72% of the
+// lease) instead of refusing to start: an attempt must end before 4/5 of it.
+func TestLoadShortensTimeoutToFitLease(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want time.Duration
+	}{
+		{map[string]string{"DELIVERY_LEASE": "2s"}, 1440 * time.Millisecond},
+		{map[string]string{"DELIVERY_LEASE": "10s", "DELIVERY_HTTP_TIMEOUT": "8s"}, 7200 * time.Millisecond},
+		{map[string]string{"DELIVERY_LEASE": "10s", "DELIVERY_HTTP_TIMEOUT": "7s"}, 7 * time.Second},
+	} {
+		env := base(t)
+		for k, v := range c.env {
+			env[k] = v
+		}
+		cfg, err := Load(nil, envOf(env), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", c.env, err)
+		}
+		if cfg.HTTPTimeout != c.want {
+			t.Fatalf("%v: HTTP timeout %v, want %v", c.env, cfg.HTTPTimeout, c.want)
+		}
 	}
 }

@@ -63,7 +63,7 @@ type Result struct {
 	Code string
 	// DisableEndpoint is set for 410 Gone.
 	DisableEndpoint bool
-	// RetryAfter is the server's Retry-After on 429 and 503 (0: none or
+	// RetryAfter is the server's Retry-After on 429 (0: none or
 	// unparsable), before capping.
 	RetryAfter time.Duration
 	// Status is the HTTP status (0 when no answer came).
@@ -85,7 +85,9 @@ func Classify(resp *http.Response, err error, now time.Time) Result {
 		// CheckRedirect returned ErrUseLastResponse: never followed.
 		r.Verdict, r.Code = Dead, CodeRedirectRefused
 	case s == http.StatusRequestTimeout:
-		r.Verdict, r.Code = Retry, CodeHTTP408
+		// Retried, but recorded as the contract's generic http_4xx: only 410
+		// and 429 have codes of their own.
+		r.Verdict, r.Code = Retry, CodeHTTP4xx
 	case s == http.StatusTooManyRequests:
 		r.Verdict, r.Code = Retry, CodeHTTP429
 		r.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), now)
@@ -93,9 +95,6 @@ func Classify(resp *http.Response, err error, now time.Time) Result {
 		r.Verdict, r.Code, r.DisableEndpoint = Dead, CodeHTTP410, true
 	case s >= 500 && s <= 599:
 		r.Verdict, r.Code = Retry, CodeHTTP5xx
-		if s == http.StatusServiceUnavailable {
-			r.RetryAfter = ParseRetryAfter(resp.Header.Get("Retry-After"), now)
-		}
 	default:
 		// Other 4xx, and statuses outside 2xx–5xx (a 1xx final answer, 6xx+):
 		// the receiver refuses this message; repeating it will not help.
@@ -177,7 +176,15 @@ func (b Backoff) Delay(attempt int, retryAfter time.Duration) time.Duration {
 		if r == nil {
 			r = rand.Float64
 		}
-		d -= time.Duration(float64(d) * b.Jitter * r())
+		// Jitter is added, so a retry never comes before the contract's
+		// min(cap, base·2^(attempt−1)); only at the cap, where adding would
+		// pass it, is it taken off instead.
+		j := time.Duration(float64(d) * b.Jitter * r())
+		if d+j <= b.Cap {
+			d += j
+		} else {
+			d -= j
+		}
 	}
 	if retryAfter > 0 {
 		d = max(d, min(retryAfter, b.Cap))
@@ -186,11 +193,11 @@ func (b Backoff) Delay(attempt int, retryAfter time.Duration) time.Duration {
 }
 
 // RetryableHTTPBackoff adapts Delay to go-retryablehttp's Backoff hook
-// (attemptNum counts from 0 there). The Retry-After of 429 and 503 is read
+// (attemptNum counts from 0 there). The Retry-After of a 429 is read
 // from resp.
 func (b Backoff) RetryableHTTPBackoff(_, _ time.Duration, attemptNum int, resp *http.Response) time.Duration {
 	var ra time.Duration
-	if resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
+	if resp != nil && resp.StatusCode == http.StatusTooManyRequests {
 		ra = ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 	}
 	return b.Delay(attemptNum+1, ra)

@@ -107,7 +107,7 @@ func TestClassifyStatuses(t *testing.T) {
 		{401, "", Dead, CodeHTTP4xx, false, 0},
 		{403, "", Dead, CodeHTTP4xx, false, 0},
 		{404, "", Dead, CodeHTTP4xx, false, 0},
-		{408, "", Retry, CodeHTTP408, false, 0},
+		{408, "", Retry, CodeHTTP4xx, false, 0}, // retried, recorded as the generic http_4xx
 		{409, "", Dead, CodeHTTP4xx, false, 0},
 		{410, "", Dead, CodeHTTP410, true, 0},
 		{413, "", Dead, CodeHTTP4xx, false, 0},
@@ -115,9 +115,9 @@ func TestClassifyStatuses(t *testing.T) {
 		{429, "", Retry, CodeHTTP429, false, 0},
 		{429, "7", Retry, CodeHTTP429, false, 7 * time.Second},
 		{500, "", Retry, CodeHTTP5xx, false, 0},
-		{500, "7", Retry, CodeHTTP5xx, false, 0}, // Retry-After only honoured on 429 and 503
+		{500, "7", Retry, CodeHTTP5xx, false, 0}, // Retry-After only honoured on 429 (contract §4)
 		{502, "", Retry, CodeHTTP5xx, false, 0},
-		{503, "120", Retry, CodeHTTP5xx, false, 2 * time.Minute},
+		{503, "120", Retry, CodeHTTP5xx, false, 0},
 		{504, "", Retry, CodeHTTP5xx, false, 0},
 		{599, "", Retry, CodeHTTP5xx, false, 0},
 	}
@@ -211,18 +211,24 @@ func TestBackoffSchedule(t *testing.T) {
 		t.Errorf("short Retry-After shortened the backoff: %v", got)
 	}
 
-	// Jitter stays within [(1-J)·d, d].
+	// Jitter is added, within [d, (1+J)·d] and never past the cap, so a retry
+	// never comes before min(cap, base·2^(attempt−1)); at the cap it is taken
+	// off instead, within [(1-J)·cap, cap].
 	for _, r := range []float64{0, 0.5, 0.999999} {
 		j := Backoff{Base: time.Second, Cap: 10 * time.Minute, Jitter: 0.2, Rand: func() float64 { return r }}
 		for attempt := 1; attempt <= 12; attempt++ {
 			d := b.Delay(attempt, 0)
 			got := j.Delay(attempt, 0)
-			if got > d || got < d-d/5 {
-				t.Errorf("jitter r=%v attempt %d: %v not in [%v, %v]", r, attempt, got, d-d/5, d)
+			lo, hi := d, d+d/5
+			if d+time.Duration(float64(d)*0.2*r) > b.Cap {
+				lo, hi = d-d/5, d
+			}
+			if got < lo || got > hi || got > b.Cap {
+				t.Errorf("jitter r=%v attempt %d: %v not in [%v, %v]", r, attempt, got, lo, hi)
 			}
 		}
 	}
-	// The retryablehttp hook counts from 0 and reads Retry-After on 429/503.
+	// The retryablehttp hook counts from 0 and reads Retry-After on 429.
 	resp := &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {"45"}}}
 	if got := b.RetryableHTTPBackoff(0, 0, 0, resp); got != 45*time.Second {
 		t.Errorf("hook with Retry-After: %v", got)
@@ -246,7 +252,7 @@ func TestRealStatusesAndRetryAfter(t *testing.T) {
 		status int
 		v      Verdict
 		code   string
-	}{{200, Delivered, ""}, {410, Dead, CodeHTTP410}, {429, Retry, CodeHTTP429}, {503, Retry, CodeHTTP5xx}, {404, Dead, CodeHTTP4xx}, {408, Retry, CodeHTTP408}} {
+	}{{200, Delivered, ""}, {410, Dead, CodeHTTP410}, {429, Retry, CodeHTTP429}, {503, Retry, CodeHTTP5xx}, {404, Dead, CodeHTTP4xx}, {408, Retry, CodeHTTP4xx}} {
 		status.Store(int32(c.status))
 		before := hits.Load()
 		r := send(t, s, srv.URL)
@@ -257,7 +263,7 @@ func TestRealStatusesAndRetryAfter(t *testing.T) {
 		if n := hits.Load() - before; n != 1 {
 			t.Errorf("status %d: %d requests, want 1", c.status, n)
 		}
-		if c.status == 429 || c.status == 503 {
+		if c.status == 429 {
 			if d := s.NextAttemptDelay(1, r); d != 20*time.Second {
 				t.Errorf("status %d: next delay %v, want Retry-After 20s", c.status, d)
 			}
