@@ -87,7 +87,6 @@ const (
 	CodeHTTP410         = "http_410"
 	CodeHTTP5xx         = "http_5xx"
 	CodeHTTP429         = "http_429"
-	CodeHTTP408         = "http_408"
 	CodeTimeout         = "timeout"
 	CodeConnectFailed   = "connect_failed"
 	CodeRedirectRefused = "redirect_refused"
@@ -97,7 +96,7 @@ const (
 )
 
 var errorCodes = map[string]bool{
-	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true, CodeHTTP408: true,
+	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true,
 	CodeTimeout: true, CodeConnectFailed: true, CodeRedirectRefused: true, CodeBlockedAddress: true,
 	CodeTLSFailed: true, CodeNoSecret: true,
 }

@@ -96,15 +96,7 @@ func TestRolesAreRefusedWhatTheyMustNotDo(t *testing.T) {
 	f := newFixture(t)
 	for role, stmts := range refusedStatements {
 		db := openRole(t, f.dsn, role)
-		for _, stmt := range stmts {
-			_, err := db.Exec(stmt)
-			var pg *pgconn.PgError
-			if err == nil {
-				t.Errorf("%s may run %q", role, stmt)
-			} else if !errors.As(err, &pg) || pg.Code != "42501" {
-				t.Errorf("%s: %q failed with %v, want insufficient_privilege", role, stmt, err)
-			}
-		}
+		assertRefused(t, db, role, stmts)
 		// Readiness needs the schema version, which every role may read.
 		var v int
 		if err := db.QueryRow(`SELECT max(version) FROM schema_migrations`).Scan(&v); err != nil || v != migrations.Latest() {
@@ -194,5 +186,20 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 	}
 	if rows, err := operator.ListAudit(ctx, store.AuditFilter{TenantID: "t1"}); err != nil || len(rows) != 4 {
 		t.Fatalf("operator audit list: %d rows, %v", len(rows), err)
+	}
+}
+
+// assertRefused runs each statement as role and wants insufficient_privilege
+// (42501): refused by a grant, not failing for some other reason.
+func assertRefused(t *testing.T, db *sql.DB, role string, stmts []string) {
+	t.Helper()
+	for _, stmt := range stmts {
+		_, err := db.Exec(stmt)
+		var pg *pgconn.PgError
+		if err == nil {
+			t.Errorf("%s may run %q", role, stmt)
+		} else if !errors.As(err, &pg) || pg.Code != "42501" {
+			t.Errorf("%s: %q failed with %v, want insufficient_privilege", role, stmt, err)
+		}
 	}
 }

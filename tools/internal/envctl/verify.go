@@ -134,7 +134,7 @@ WHERE (status = 'delivered' AND last_error_code <> '')
 // errorCodes are the codes a settle may record (store.ValidErrorCode).
 func errorCodes() []string {
 	return []string{
-		store.CodeHTTP4xx, store.CodeHTTP410, store.CodeHTTP5xx, store.CodeHTTP429, store.CodeHTTP408,
+		store.CodeHTTP4xx, store.CodeHTTP410, store.CodeHTTP5xx, store.CodeHTTP429,
 		store.CodeTimeout, store.CodeConnectFailed, store.CodeRedirectRefused, store.CodeBlockedAddress,
 		store.CodeTLSFailed, store.CodeNoSecret,
 	}

@@ -44,7 +44,6 @@ func (v Verdict) String() string {
 // or a metric label carries about a failed attempt.
 const (
 	CodeHTTP4xx         = "http_4xx"
-	CodeHTTP408         = "http_408"
 	CodeHTTP410         = "http_410"
 	CodeHTTP429         = "http_429"
 	CodeHTTP5xx         = "http_5xx"

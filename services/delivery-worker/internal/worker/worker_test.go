@@ -18,7 +18,7 @@ import (
 )
 
 func TestSenderCodesAreStoreCodes(t *testing.T) {
-	for _, c := range []string{sender.CodeHTTP4xx, sender.CodeHTTP408, sender.CodeHTTP410, sender.CodeHTTP429,
+	for _, c := range []string{sender.CodeHTTP4xx, sender.CodeHTTP410, sender.CodeHTTP429,
 		sender.CodeHTTP5xx, sender.CodeTimeout, sender.CodeConnectFailed, sender.CodeRedirectRefused,
 		sender.CodeBlockedAddress, sender.CodeTLSFailed, sender.CodeNoSecret} {
 		if !store.ValidErrorCode(c) {
