@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -45,3 +45,6 @@ bench-janitor: ## janitor delete throughput and its effect on concurrent ingest 
 
 bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle loop
 	scripts/bench-delivery.sh
+
+soak: ## the whole stack at a steady rate for SOAK_DURATION (default 20m), janitor every minute; figures and a flatness verdict
+	scripts/soak.sh
