@@ -187,6 +187,10 @@ func (s *Sender) Send(ctx context.Context, m Message) (Result, error) {
 	if err != nil {
 		return classifyErr(errInsecureURL), nil
 	}
+	// No rewindable body: with one and the Idempotency-Key header, net/http's Transport replays the
+	// POST by itself when a reused connection fails after the receiver read the request, so one
+	// attempt could be two requests. retryablehttp reads the body through its own reader, not GetBody.
+	req.GetBody = nil
 	if err := signer.SetHeaders(req.Header, m.ID, s.cfg.Now(), m.Body, secs); err != nil {
 		return classifyErr(err), nil
 	}
