@@ -1,0 +1,219 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// grantMatrix is every privilege each role holds after the migrations, from
+// migrations/0001_init.sql and 0002_outbox.sql: table-level privileges, and
+// UPDATE granted on columns only. Anything not listed must not be held.
+var grantMatrix = map[string]struct {
+	tables  map[string]string   // table -> comma-separated table-level privileges
+	columns map[string][]string // table -> columns with a column-level UPDATE grant
+}{
+	roleIngest: {
+		tables: map[string]string{
+			"schema_migrations": "SELECT",
+			"credentials":       "SELECT", "producer_keys": "SELECT",
+			"streams":          "SELECT,INSERT,UPDATE",
+			"event_identities": "SELECT,INSERT", "inbound_payloads": "SELECT,INSERT",
+			"audit_events":       "INSERT",
+			"endpoints":          "SELECT",
+			"outbound_streams":   "SELECT,INSERT,UPDATE",
+			"outbound_envelopes": "SELECT,INSERT", "outbox_messages": "SELECT,INSERT",
+		},
+		columns: map[string][]string{
+			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+		},
+	},
+	roleDelivery: {
+		tables: map[string]string{
+			"schema_migrations": "SELECT",
+			"outbox_messages":   "SELECT", "endpoints": "SELECT", "outbound_envelopes": "SELECT",
+		},
+		columns: map[string][]string{
+			"outbox_messages": {"attempts", "dead_at", "delivered_at", "last_error_code", "lease_expires_at",
+				"lease_expiries", "next_attempt_at", "status", "updated_at"},
+			"endpoints": {"disabled_reason", "state", "updated_at"},
+		},
+	},
+	roleJanitor: {
+		tables: map[string]string{
+			"schema_migrations": "SELECT",
+			"inbound_payloads":  "SELECT,DELETE",
+		},
+	},
+	roleOperator: {
+		tables: map[string]string{
+			"schema_migrations": "SELECT",
+			"credentials":       "SELECT,INSERT,UPDATE",
+			"producer_keys":     "SELECT,INSERT,UPDATE,DELETE",
+			"streams":           "SELECT,INSERT,UPDATE",
+			"event_identities":  "SELECT",
+			"audit_events":      "SELECT,INSERT",
+			"endpoints":         "SELECT,INSERT,UPDATE",
+			"outbox_messages":   "SELECT",
+		},
+		columns: map[string][]string{
+			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+		},
+	},
+}
+
+var tablePrivileges = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"}
+
+// TestRolePrivilegeMatrix reads every role's effective privileges on every
+// table, column and sequence of the schema from the catalog
+// (has_table_privilege and friends, which count PUBLIC, memberships and
+// ownership) and compares them with grantMatrix both ways: a grant nobody
+// listed fails, and so does a listed one that is missing. Then it runs, as
+// each role, every statement the matrix says the role may not run — SELECT,
+// INSERT, DELETE and TRUNCATE on each table it lacks them on, and UPDATE of
+// each column it may not update — and wants insufficient_privilege for each
+// (each in a transaction that is rolled back). It also holds the role
+// attributes (no superuser, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS, no
+// membership in another role) and no CREATE on the schema or the database.
+func TestRolePrivilegeMatrix(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	columns := map[string][]string{} // table -> columns
+	rows, err := f.admin.QueryContext(ctx, `
+SELECT c.relname, a.attname FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+ORDER BY 1, a.attnum`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var table, col string
+		if err := rows.Scan(&table, &col); err != nil {
+			t.Fatal(err)
+		}
+		columns[table] = append(columns[table], col)
+	}
+	rows.Close()
+	tables := make([]string, 0, len(columns))
+	for tb := range columns {
+		tables = append(tables, tb)
+	}
+	sort.Strings(tables)
+	if len(tables) < 11 {
+		t.Fatalf("only %d tables: %v", len(tables), tables)
+	}
+
+	var refused []struct{ role, stmt string }
+	roles := make([]string, 0, len(grantMatrix))
+	for r := range grantMatrix {
+		roles = append(roles, r)
+	}
+	sort.Strings(roles)
+	checks := 0
+	for _, role := range roles {
+		want := grantMatrix[role]
+		for tb := range want.tables {
+			if _, ok := columns[tb]; !ok {
+				t.Errorf("matrix lists %s for %s, which does not exist", tb, role)
+			}
+		}
+		for _, tb := range tables {
+			allowed := strings.Split(want.tables[tb], ",")
+			for _, p := range tablePrivileges {
+				var has bool
+				if err := f.admin.QueryRowContext(ctx, `SELECT has_table_privilege($1, $2, $3)`, role, "public."+tb, p).Scan(&has); err != nil {
+					t.Fatal(err)
+				}
+				checks++
+				if exp := slices.Contains(allowed, p); has != exp {
+					t.Errorf("%s %s on %s: held %v, matrix %v", role, p, tb, has, exp)
+				}
+			}
+			for _, col := range columns[tb] {
+				for _, p := range []string{"SELECT", "INSERT", "UPDATE", "REFERENCES"} {
+					var has bool
+					if err := f.admin.QueryRowContext(ctx, `SELECT has_column_privilege($1, $2, $3, $4)`, role, "public."+tb, col, p).Scan(&has); err != nil {
+						t.Fatal(err)
+					}
+					checks++
+					exp := slices.Contains(allowed, p) || p == "UPDATE" && slices.Contains(want.columns[tb], col)
+					if has != exp {
+						t.Errorf("%s %s on %s.%s: held %v, matrix %v", role, p, tb, col, has, exp)
+					}
+					if p == "UPDATE" && !exp {
+						refused = append(refused, struct{ role, stmt string }{role, fmt.Sprintf(`UPDATE %s SET %s = DEFAULT`, tb, col)})
+					}
+				}
+			}
+			for _, p := range []string{"SELECT", "INSERT", "DELETE", "TRUNCATE"} {
+				if slices.Contains(allowed, p) {
+					continue
+				}
+				stmt := map[string]string{
+					"SELECT": `SELECT FROM ` + tb, "INSERT": `INSERT INTO ` + tb + ` DEFAULT VALUES`,
+					"DELETE": `DELETE FROM ` + tb, "TRUNCATE": `TRUNCATE ` + tb,
+				}[p]
+				refused = append(refused, struct{ role, stmt string }{role, stmt})
+			}
+		}
+		// No sequence is usable directly (identity columns need none).
+		var seqs int
+		if err := f.admin.QueryRowContext(ctx, `
+SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind = 'S' AND (has_sequence_privilege($1, c.oid, 'USAGE')
+   OR has_sequence_privilege($1, c.oid, 'SELECT') OR has_sequence_privilege($1, c.oid, 'UPDATE'))`, role).Scan(&seqs); err != nil {
+			t.Fatal(err)
+		}
+		if seqs != 0 {
+			t.Errorf("%s may use %d sequences", role, seqs)
+		}
+		// Attributes, memberships, schema and database.
+		var attrs, schemaCreate, schemaUsage, dbCreate bool
+		var members int
+		if err := f.admin.QueryRowContext(ctx, `
+SELECT r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls,
+       (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid OR m.roleid = r.oid),
+       has_schema_privilege(r.rolname, 'public', 'CREATE'), has_schema_privilege(r.rolname, 'public', 'USAGE'),
+       has_database_privilege(r.rolname, current_database(), 'CREATE')
+FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&attrs, &members, &schemaCreate, &schemaUsage, &dbCreate); err != nil {
+			t.Fatal(err)
+		}
+		if attrs || members != 0 || schemaCreate || !schemaUsage || dbCreate {
+			t.Errorf("%s: elevated attribute %v, %d memberships, CREATE on schema %v, USAGE %v, CREATE on database %v",
+				role, attrs, members, schemaCreate, schemaUsage, dbCreate)
+		}
+	}
+
+	// Every statement outside the matrix, run as its role.
+	dbs := map[string]*sql.DB{}
+	for _, role := range roles {
+		dbs[role] = openRole(t, f.dsn, role)
+	}
+	perRole := map[string]int{}
+	for _, r := range refused {
+		db := dbs[r.role]
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.ExecContext(ctx, r.stmt)
+		_ = tx.Rollback()
+		var pg *pgconn.PgError
+		if err == nil {
+			t.Errorf("%s may run %q", r.role, r.stmt)
+		} else if !errors.As(err, &pg) || pg.Code != "42501" {
+			t.Errorf("%s: %q failed with %v, want insufficient_privilege", r.role, r.stmt, err)
+		}
+		perRole[r.role]++
+	}
+	t.Logf("%d tables, %d catalog checks; refused statements run: %d (%v)", len(tables), checks, len(refused), perRole)
+}
