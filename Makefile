@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery soak
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery soak chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -48,3 +48,6 @@ bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle l
 
 soak: ## the whole stack at a steady rate for SOAK_DURATION (default 20m), janitor every minute; figures and a flatness verdict
 	scripts/soak.sh
+
+chaos: ## fault injection: SIGKILL, PostgreSQL restarts, a TCP proxy and a faulty sink under load (CHAOS_DURATION of faults, default 8m)
+	cd tools && CHAOS_DURATION=$${CHAOS_DURATION:-8m} go test -run '^TestChaos$$' -count=1 -v -timeout 90m ./internal/chaos

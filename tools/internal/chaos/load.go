@@ -1,0 +1,378 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+)
+
+// SentEnvelope is one envelope a client signed and sent, and what the service told it.
+type SentEnvelope struct {
+	Producer, Project string
+	Sequence          int64
+	EventIdentity     string   // hex
+	ContentDigest     [32]byte // sha256 of the signing input
+	Canonical         []byte
+	// Outcome is the last definitive answer: "accepted" or "duplicate" (200), "refused:<reason>"
+	// (a 4xx), or "" when the client never got one (every answer was a 5xx or a transport error).
+	Outcome   string
+	Acks      int   // 200 answers
+	Failures  int   // 5xx answers and transport errors
+	MaxCursor int64 // the highest cursor an answer carried
+}
+
+// SentOutbox is one POST /v1/outbox request (retried with the same body until it got an answer).
+type SentOutbox struct {
+	Key        string
+	MessageIDs []string // from the first 200/201 answer
+	Envelope   []byte   // from the first 200/201 answer
+	Answers    int      // 200/201 answers
+	Failures   int
+	Refusal    string // a 4xx reason, if any
+	Mismatch   bool   // a later 2xx answer carried other ids or another envelope
+}
+
+// Ledger is what every client was told. It is what the checker holds the database to.
+type Ledger struct {
+	mu        sync.Mutex
+	Envelopes []*SentEnvelope
+	Outbox    []*SentOutbox
+	Statuses  map[string]int // "ingest 200", "batch 503", "outbox 201", "ingest transport", …
+	Requests  int
+}
+
+func newLedger() *Ledger { return &Ledger{Statuses: map[string]int{}} }
+
+func (l *Ledger) count(route string, status int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.Requests++
+	if err != nil {
+		l.Statuses[route+" transport"]++
+		return
+	}
+	l.Statuses[route+" "+strconv.Itoa(status)]++
+}
+
+// StatusSummary lists the answer counts, sorted by key.
+func (l *Ledger) StatusSummary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys := make([]string, 0, len(l.Statuses))
+	for k := range l.Statuses {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b bytes.Buffer
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %d", k, l.Statuses[k])
+	}
+	return b.String()
+}
+
+// answerBody is the subset of an ingest answer the clients read.
+type answerBody struct {
+	Outcome       string       `json:"outcome"`
+	Reason        string       `json:"reason"`
+	EventIdentity string       `json:"event_identity"`
+	Cursor        *int64       `json:"cursor"`
+	Status        int          `json:"status"`
+	Results       []answerBody `json:"results"`
+}
+
+// loadConfig is one scenario's traffic.
+type loadConfig struct {
+	Tenant, Project string
+	Producers       []ProducerCred // device credentials; every fourth one uses the batch route
+	Service         string         // service token for the outbox
+	Topic           string
+	URLs            func() []string // ingest replicas
+	Rate            float64         // envelopes per second over all producers
+	OutboxRate      float64         // outbox requests per second
+}
+
+// ProducerCred is one device and its signing key.
+type ProducerCred struct {
+	Device, KeyID, Token string
+	Key                  ed25519.PrivateKey
+}
+
+type load struct {
+	cfg    loadConfig
+	ledger *Ledger
+	client *http.Client
+	rr     atomic.Uint64
+}
+
+func newLoad(cfg loadConfig, ledger *Ledger) *load {
+	return &load{cfg: cfg, ledger: ledger, client: &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second,
+			DisableCompression: true, Proxy: nil},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+func (l *load) url(route string) string {
+	urls := l.cfg.URLs()
+	return urls[l.rr.Add(1)%uint64(len(urls))] + route
+}
+
+// run sends traffic until stop ends, then finishes every request in hand (retrying until an answer)
+// until drain ends. It returns when every client is done.
+func (l *load) run(stop, drain context.Context) {
+	var wg sync.WaitGroup
+	per := l.cfg.Rate / float64(len(l.cfg.Producers))
+	for i, p := range l.cfg.Producers {
+		batch := i%4 == 3
+		wg.Go(func() { l.produce(stop, drain, p, per, batch) })
+	}
+	if l.cfg.OutboxRate > 0 {
+		wg.Go(func() { l.enqueue(stop, drain) })
+	}
+	wg.Wait()
+	l.client.CloseIdleConnections()
+}
+
+func pace(ctx context.Context, next *time.Time, every time.Duration) bool {
+	*next = next.Add(every)
+	if d := time.Until(*next); d > 0 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+	} else if d < -time.Second {
+		*next = time.Now() // do not burst to catch up after a stall
+	}
+	return ctx.Err() == nil
+}
+
+// backoff waits a little before a retry; false when ctx ended.
+func backoff(ctx context.Context, try int) bool {
+	d := time.Duration(min(50*(1<<min(try, 4)), 500)) * time.Millisecond
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func (l *load) sign(p ProducerCred, seq int64) (*SentEnvelope, error) {
+	payload, err := json.Marshal(map[string]any{"n": seq, "device": p.Device})
+	if err != nil {
+		return nil, fmt.Errorf("payload: %w", err)
+	}
+	e, err := envelope.Sign(envelope.Draft{
+		TenantID: l.cfg.Tenant, ProjectID: l.cfg.Project, ProducerID: p.Device,
+		EventID: fmt.Sprintf("%s-%d", p.Device, seq), IdempotencyKey: fmt.Sprintf("k-%s-%d", p.Device, seq),
+		KeyID: p.KeyID, Sequence: seq, IssuedAt: time.Now().UTC().Truncate(time.Millisecond),
+		Metadata: envelope.Metadata{Kind: "chaos.sample"}, Payload: payload,
+	}, p.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign %s/%d: %w", p.Device, seq, err)
+	}
+	return &SentEnvelope{Producer: p.Device, Project: l.cfg.Project, Sequence: seq,
+		EventIdentity: e.EventIdentity(), ContentDigest: e.ContentDigest(), Canonical: e.Canonical()}, nil
+}
+
+func (l *load) record(s *SentEnvelope, a answerBody, status int) {
+	l.ledger.mu.Lock()
+	defer l.ledger.mu.Unlock()
+	switch {
+	case status == http.StatusOK && (a.Outcome == "accepted" || a.Outcome == "duplicate"):
+		s.Outcome = a.Outcome
+		s.Acks++
+		if a.Cursor != nil && *a.Cursor > s.MaxCursor {
+			s.MaxCursor = *a.Cursor
+		}
+	case status >= 500 || status == 0:
+		s.Failures++
+	default:
+		s.Outcome = "refused:" + strconv.Itoa(status) + ":" + a.Reason
+	}
+}
+
+// produce sends one stream in order: singles, or batches of 5 when batch. Each request is retried with
+// the same bytes until a definitive answer; every tenth envelope is sent once more, which must be a
+// duplicate.
+func (l *load) produce(stop, drain context.Context, p ProducerCred, rate float64, batch bool) {
+	size := 1
+	if batch {
+		size = 5
+	}
+	every := time.Duration(float64(time.Second) * float64(size) / rate)
+	next := time.Now()
+	seq := int64(1)
+	for stop.Err() == nil {
+		group := make([]*SentEnvelope, 0, size)
+		for range size {
+			s, err := l.sign(p, seq)
+			if err != nil {
+				return
+			}
+			seq++
+			group = append(group, s)
+		}
+		l.ledger.mu.Lock()
+		l.ledger.Envelopes = append(l.ledger.Envelopes, group...)
+		l.ledger.mu.Unlock()
+		l.send(drain, p, group, batch)
+		if group[0].Sequence%10 == 0 && group[0].Outcome != "" {
+			l.send(drain, p, group, batch)
+		}
+		if !pace(stop, &next, every) {
+			break
+		}
+	}
+}
+
+// send posts group (one envelope, or a batch) until every item has a definitive answer or ctx ends.
+func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, batch bool) {
+	route, name := "/v1/envelopes", "ingest"
+	var body []byte
+	if batch {
+		route, name = "/v1/envelopes/batch", "batch"
+		var b bytes.Buffer
+		b.WriteString(`{"envelopes":[`)
+		for i, s := range group {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(s.Canonical)
+		}
+		b.WriteString(`]}`)
+		body = b.Bytes()
+	} else {
+		body = group[0].Canonical
+	}
+	for try := 0; ctx.Err() == nil; try++ {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ans, err := producer.Post(rctx, l.client, l.url(route), p.Token, body, nil)
+		cancel()
+		if ctx.Err() != nil {
+			return // the run is over; an answer cut short by it says nothing
+		}
+		l.ledger.count(name, ans.Status, err)
+		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
+			for _, s := range group {
+				l.record(s, answerBody{}, 0)
+			}
+			if !backoff(ctx, try) {
+				return
+			}
+			continue
+		}
+		var a answerBody
+		if jerr := json.Unmarshal(ans.Body, &a); jerr != nil {
+			a = answerBody{Outcome: "refused", Reason: "unreadable_answer"}
+		}
+		if !batch {
+			l.record(group[0], a, ans.Status)
+			return
+		}
+		if ans.Status != http.StatusOK || len(a.Results) != len(group) {
+			for _, s := range group {
+				l.record(s, a, max(ans.Status, 400))
+			}
+			return
+		}
+		for i, s := range group {
+			l.record(s, a.Results[i], a.Results[i].Status)
+		}
+		return
+	}
+}
+
+type outboxAnswer struct {
+	Envelope   json.RawMessage `json:"envelope"`
+	MessageIDs []string        `json:"message_ids"`
+	Reason     string          `json:"reason"`
+}
+
+// enqueue posts outbox requests, each retried with the same body until it gets an answer.
+func (l *load) enqueue(stop, drain context.Context) {
+	every := time.Duration(float64(time.Second) / l.cfg.OutboxRate)
+	next := time.Now()
+	for n := 1; stop.Err() == nil; n++ {
+		o := &SentOutbox{Key: fmt.Sprintf("ob-%d", n)}
+		body := fmt.Appendf(nil, `{"project_id":%q,"topic":%q,"idempotency_key":%q,"kind":"chaos.tick","payload":{"n":%d},"max_attempts":50}`,
+			l.cfg.Project, l.cfg.Topic, o.Key, n)
+		l.ledger.mu.Lock()
+		l.ledger.Outbox = append(l.ledger.Outbox, o)
+		l.ledger.mu.Unlock()
+		l.postOutbox(drain, o, body)
+		if n%10 == 0 && o.Answers > 0 {
+			l.postOutbox(drain, o, body) // a repeat: the original answer again
+		}
+		if !pace(stop, &next, every) {
+			break
+		}
+	}
+}
+
+func (l *load) postOutbox(ctx context.Context, o *SentOutbox, body []byte) {
+	for try := 0; ctx.Err() == nil; try++ {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ans, err := producer.Post(rctx, l.client, l.url("/v1/outbox"), l.cfg.Service, body, nil)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		l.ledger.count("outbox", ans.Status, err)
+		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
+			l.ledger.mu.Lock()
+			o.Failures++
+			l.ledger.mu.Unlock()
+			if !backoff(ctx, try) {
+				return
+			}
+			continue
+		}
+		var a outboxAnswer
+		_ = json.Unmarshal(ans.Body, &a)
+		l.ledger.mu.Lock()
+		defer l.ledger.mu.Unlock()
+		if ans.Status != http.StatusOK && ans.Status != http.StatusCreated {
+			o.Refusal = strconv.Itoa(ans.Status) + ":" + a.Reason
+			return
+		}
+		if o.Answers == 0 {
+			o.MessageIDs, o.Envelope = a.MessageIDs, a.Envelope
+		} else if !equalStrings(o.MessageIDs, a.MessageIDs) || !bytes.Equal(o.Envelope, a.Envelope) {
+			o.Mismatch = true
+		}
+		o.Answers++
+		return
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func hexDigest(d [32]byte) string { return hex.EncodeToString(d[:]) }
