@@ -10,8 +10,10 @@
 // address), multicast, unspecified, and the other special-purpose ranges
 // listed in blockedPrefixes (shared CGNAT space, "this network", benchmarking,
 // reserved, broadcast), in their IPv4 form or any IPv6 form that embeds them
-// (IPv4-mapped ::ffff:a.b.c.d, IPv4-compatible, NAT64 64:ff9b::/96, 6to4
-// 2002::/16).
+// (IPv4-mapped ::ffff:a.b.c.d, IPv4-translated ::ffff:0:a.b.c.d,
+// IPv4-compatible, NAT64 64:ff9b::/96, 6to4 2002::/16). The translation and
+// tunnelling prefixes whose embedded address cannot be judged (local-use
+// NAT64 64:ff9b:1::/48, Teredo 2001::/32) are refused whole.
 //
 // AllowLoopback (DELIVERY_ALLOW_INSECURE_LOOPBACK) lets loopback through, and
 // nothing else; plain HTTP is allowed only to a loopback address, and only
@@ -37,21 +39,24 @@ var ErrBlocked = errors.New("netguard: destination address refused")
 // blockedPrefixes are the special-purpose ranges that netip's predicates do
 // not cover on their own.
 var blockedPrefixes = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"), // shared address space (CGNAT)
-	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
-	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
-	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, includes broadcast
-	netip.MustParsePrefix("::/128"),        // unspecified
-	netip.MustParsePrefix("100::/64"),      // discard-only
-	netip.MustParsePrefix("2001:db8::/32"), // documentation
-	netip.MustParsePrefix("fec0::/10"),     // deprecated site-local
+	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"),  // shared address space (CGNAT)
+	netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, includes broadcast
+	netip.MustParsePrefix("::/128"),         // unspecified
+	netip.MustParsePrefix("100::/64"),       // discard-only
+	netip.MustParsePrefix("2001:db8::/32"),  // documentation
+	netip.MustParsePrefix("fec0::/10"),      // deprecated site-local
+	netip.MustParsePrefix("64:ff9b:1::/48"), // local-use IPv4/IPv6 translation (RFC 8215)
+	netip.MustParsePrefix("2001::/32"),      // Teredo: reaches an IPv4 address through a relay
 }
 
 var (
-	nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
-	sixToFour   = netip.MustParsePrefix("2002::/16")
-	v4Compat    = netip.MustParsePrefix("::/96")
+	nat64Prefix  = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour    = netip.MustParsePrefix("2002::/16")
+	v4Compat     = netip.MustParsePrefix("::/96")
+	v4Translated = netip.MustParsePrefix("::ffff:0:0:0/96") // IPv4-translated (SIIT, RFC 2765)
 )
 
 // Policy decides which addresses may be dialled.
@@ -104,7 +109,8 @@ func forms(addr netip.Addr) []netip.Addr {
 	}
 	b := addr.As16()
 	switch {
-	case nat64Prefix.Contains(addr), v4Compat.Contains(addr) && addr != netip.IPv6Unspecified() && addr != netip.IPv6Loopback():
+	case nat64Prefix.Contains(addr), v4Translated.Contains(addr),
+		v4Compat.Contains(addr) && addr != netip.IPv6Unspecified() && addr != netip.IPv6Loopback():
 		out = append(out, netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}))
 	case sixToFour.Contains(addr):
 		out = append(out, netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}))

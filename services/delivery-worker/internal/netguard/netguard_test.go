@@ -39,6 +39,14 @@ func TestCheck(t *testing.T) {
 		{"64:ff9b::7f00:1", true, false},     // NAT64 of 127.0.0.1
 		{"2002:a9fe:a9fe::1", true, true},    // 6to4 of 169.254.169.254
 		{"64:ff9b::5db8:d822", false, false}, // NAT64 of a public address
+		// IPv4-translated (SIIT) forms embed an address as NAT64 does.
+		{"::ffff:0:7f00:1", true, false},     // of 127.0.0.1
+		{"::ffff:0:a00:1", true, true},       // of 10.0.0.1
+		{"::ffff:0:a9fe:a9fe", true, true},   // of 169.254.169.254
+		{"::ffff:0:5db8:d822", false, false}, // of a public address
+		// Translation and tunnelling prefixes whose target cannot be judged.
+		{"64:ff9b:1::a00:1", true, true},                     // local-use NAT64
+		{"2001:0:4136:e378:8000:63bf:f5ff:fffe", true, true}, // Teredo
 	}
 	for _, c := range cases {
 		a := netip.MustParseAddr(c.addr)

@@ -216,6 +216,10 @@ func TestSSRFNothingContacted(t *testing.T) {
 		{"AAAA mapped rfc1918", loose, []string{"::ffff:10.0.0.1"}, p4},
 		{"AAAA mapped metadata", loose, []string{"::ffff:169.254.169.254"}, p4},
 		{"AAAA nat64 of loopback", strict, []string{"64:ff9b::7f00:1"}, p6},
+		{"AAAA IPv4-translated rfc1918", loose, []string{"::ffff:0:a00:1"}, p6},
+		{"AAAA IPv4-translated loopback", strict, []string{"::ffff:0:7f00:1"}, p6},
+		{"AAAA local-use nat64 of metadata", loose, []string{"64:ff9b:1::a9fe:a9fe"}, p6},
+		{"AAAA teredo", loose, []string{"2001:0:4136:e378:8000:63bf:f5ff:fffe"}, p6},
 		{"every answer internal", loose, []string{"10.0.0.1", "192.168.0.1", "fd00::1", "169.254.169.254"}, p4},
 	}
 	for _, c := range named {
