@@ -195,7 +195,10 @@ func (s *Sink) signed(id, ts string, body []byte, header string) bool {
 		if !ok {
 			continue // another scheme (v1a) this sink does not check
 		}
-		got, err := base64.StdEncoding.DecodeString(sig)
+		// Strict: the bits past the last whole byte must be zero, so only the
+		// one canonical text of a signature passes (the official library
+		// compares the base64 text itself).
+		got, err := base64.StdEncoding.Strict().DecodeString(sig)
 		if err != nil {
 			continue
 		}
