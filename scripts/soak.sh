@@ -94,6 +94,7 @@ cleanup() {
 	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 load_start=$(loadavg)
@@ -144,10 +145,13 @@ imetrics="http://127.0.0.1:$mport/metrics"
 sink_url="http://127.0.0.1:$sport/hooks"
 wmetrics="http://127.0.0.1:$wport/metrics"
 
+# Limiters opened wide (as the bench scripts): at a fixed rate, a producer that fell behind during a stall
+# catches up back to back, which the default 100/s per device would refuse; the soak is not a limiter test.
 log "starting ingest-api on $url (PAYLOAD_RETENTION=$retention)"
 (
 	export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$port" METRICS_ADDR="127.0.0.1:$mport" \
-		PAYLOAD_RETENTION="$retention" OUTBOUND_SIGNING_KEYS_FILE="$work/outbound-keys.json" LOG_LEVEL=warn
+		PAYLOAD_RETENTION="$retention" OUTBOUND_SIGNING_KEYS_FILE="$work/outbound-keys.json" LOG_LEVEL=warn \
+		SYNC_LIMIT_TOKENS=1800000 SYNC_LIMIT_INTERVAL=1h PEER_LIMIT_TOKENS=1800000 PEER_LIMIT_INTERVAL=1h
 	start_ingest "$work/ingest-api.pid" "$work/ingest-api.log"
 )
 wait_ready "$url" "$work/ingest-api.pid" "$work/ingest-api.log" 60
@@ -181,7 +185,7 @@ end=$((start + duration))
 			timeout 55 "$bindir/retention-janitor" >"$work/janitor.run" 2>&1 || rc=$?
 		{ grep '"msg":"retention summary"' "$work/janitor.run" || echo '{"msg":"no summary"}'; } |
 			tail -n 1 | sed "s/^/$n $rc /" >>"$work/janitor.summaries"
-		sleep "$janitor_every"
+		sleep "$janitor_every" & wait $!
 	done
 ) &
 janitor_loop_pid=$!
@@ -197,7 +201,7 @@ janitor_loop_pid=$!
 			--data-binary '{"project_id":"'"$project"'","topic":"'"$topic"'","idempotency_key":"soak-'"$n"'","kind":"soak.event","payload":{"n":'"$n"'}}' \
 			"$url/v1/outbox" 2>/dev/null) || code=000
 		echo "$code" >>"$work/outbox.codes"
-		sleep "$outbox_every"
+		sleep "$outbox_every" & wait $!
 	done
 ) &
 outbox_loop_pid=$!
