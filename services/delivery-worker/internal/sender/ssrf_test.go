@@ -304,3 +304,40 @@ func TestDNSRebinding(t *testing.T) {
 		t.Fatalf("%d connections accepted, want only the allowed attempt's", n)
 	}
 }
+
+// TestProxyEnvironmentIgnored: a proxy named in the environment would make
+// the proxy, not the checked address, the thing dialled (and let it reach
+// whatever the name means to it). With HTTPS_PROXY and HTTP_PROXY pointing at
+// a counting listener on loopback, which the flag allows, a name resolving to
+// the metadata address is still refused and the proxy sees no connection.
+func TestProxyEnvironmentIgnored(t *testing.T) {
+	proxy := &countingListener{}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Listener = l
+	defer proxy.Close()
+	go func() {
+		for {
+			c, err := proxy.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"} {
+		t.Setenv(k, "http://"+l.Addr().String())
+	}
+	t.Setenv("NO_PROXY", "")
+	dns := &dnsServer{}
+	dns.set(answers("169.254.169.254"))
+	s := newSender(t, Config{Resolver: dns.resolver(), Timeout: 2 * time.Second, AllowLoopback: true})
+	if r := send(t, s, "https://example.com/latest/meta-data/"); r.Verdict != Dead || r.Code != CodeBlockedAddress {
+		t.Fatalf("with a proxy in the environment: %+v, want dead blocked_address", r)
+	}
+	if n := proxy.accepts.Load(); n != 0 {
+		t.Fatalf("the environment's proxy was contacted %d times", n)
+	}
+}
