@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -44,11 +45,7 @@ func FuzzHTTP(f *testing.F) {
 	for _, s := range httpSeeds(f) {
 		f.Add(s.mode, s.path, s.query, s.idem, s.body)
 	}
-	fx := newFixture(f, func(c *Config) {
-		c.CredentialCacheTTL = 2 * time.Second
-		c.SyncLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
-		c.PeerLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
-	})
+	fx := newFixture(f)
 	ctx := context.Background()
 	// A retired and a revoked key with the fixture's public key, so re-signed
 	// bodies reach steps 3's other branches too.
@@ -64,7 +61,23 @@ func FuzzHTTP(f *testing.F) {
 	if err := fx.st.RevokeKey(ctx, tenantA, "k-revoked"); err != nil {
 		f.Fatal(err)
 	}
-	h := fx.srv.Handler()
+	// A server of its own over the fixture's database: the credential cache
+	// on, the limiters out of the way, and logs discarded (the fixture keeps
+	// every line in memory, which a ten-minute run would fill).
+	cfg := testConfig()
+	cfg.CredentialCacheTTL = 2 * time.Second
+	cfg.SyncLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
+	cfg.PeerLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
+	srv, err := New(cfg, fx.st, slog.New(slog.DiscardHandler), NewRegistry())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() {
+		if err := srv.Close(context.Background()); err != nil {
+			f.Errorf("server Close: %v", err)
+		}
+	})
+	h := srv.Handler()
 
 	f.Fuzz(func(t *testing.T, mode uint8, path, query, idem string, body []byte) {
 		route := mode & 7
