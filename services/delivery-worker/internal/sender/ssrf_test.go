@@ -42,9 +42,21 @@ type trap struct {
 
 func newTrap(t *testing.T, addr string) *trap {
 	t.Helper()
+	tr := tryTrap(t, addr)
+	if tr == nil {
+		t.Fatalf("cannot listen on %s", addr)
+	}
+	return tr
+}
+
+// tryTrap is newTrap, or nil where the address cannot be listened on (a
+// machine without IPv6 loopback).
+func tryTrap(t *testing.T, addr string) *trap {
+	t.Helper()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		t.Skipf("cannot listen on %s: %v", addr, err)
+		t.Logf("cannot listen on %s: %v", addr, err)
+		return nil
 	}
 	tr := &trap{ln: &countingListener{Listener: l}}
 	tr.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -150,10 +162,16 @@ func (d *dnsServer) serve(c net.Conn) {
 // one afterwards means no blocked case left a connection behind.
 func TestSSRFNothingContacted(t *testing.T) {
 	v4 := newTrap(t, "127.0.0.1:0")
-	v6 := newTrap(t, "[::1]:0")
+	v6 := tryTrap(t, "[::1]:0")
 	pool := x509.NewCertPool()
 	pool.AddCert(v4.srv.Certificate())
-	pool.AddCert(v6.srv.Certificate())
+	if v6 == nil {
+		// No IPv6 loopback: the v6 cases still run (they are refused before
+		// any connection), aimed at the v4 listener's port.
+		v6 = v4
+	} else {
+		pool.AddCert(v6.srv.Certificate())
+	}
 	tlsCfg := &tls.Config{RootCAs: pool}
 	dns := &dnsServer{}
 	dns.set(answers())
@@ -241,9 +259,11 @@ func TestSSRFNothingContacted(t *testing.T) {
 	if r := send(t, loose, "https://example.com:"+p4+"/hook"); r.Verdict != Delivered {
 		t.Fatalf("control delivery to 127.0.0.1: %+v", r)
 	}
-	dns.set(answers("::1"))
-	if r := send(t, loose, "https://example.com:"+p6+"/hook"); r.Verdict != Delivered {
-		t.Fatalf("control delivery to ::1: %+v", r)
+	if v6 != v4 {
+		dns.set(answers("::1"))
+		if r := send(t, loose, "https://example.com:"+p6+"/hook"); r.Verdict != Delivered {
+			t.Fatalf("control delivery to ::1: %+v", r)
+		}
 	}
 	if a, b := v4.ln.accepts.Load(), v6.ln.accepts.Load(); a != 1 || b != 1 {
 		t.Fatalf("after one allowed delivery each: %d connections on 127.0.0.1, %d on ::1, want 1 and 1", a, b)
