@@ -10,22 +10,31 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
-// randomItems makes a mixed workload over three streams: in-order, reordered,
-// duplicate, conflicting and pre-decided refusals.
+// randomItems makes a mixed workload over six streams of two tenants:
+// in-order, reordered, duplicate, conflicting (event, idempotency key,
+// sequence), too far ahead and pre-decided refusals.
 func randomItems(r *rand.Rand, n int) []store.BatchItem {
 	items := make([]store.BatchItem, 0, n)
+	tenants := []string{"t1", "t2"}
 	producers := []string{"d1", "d2", "d3"}
 	for i := 0; i < n; i++ {
-		p := producers[r.IntN(len(producers))]
-		a := actor("t1", p)
+		t, p := tenants[r.IntN(len(tenants))], producers[r.IntN(len(producers))]
+		a := actor(t, p)
 		a.CorrelationID = fmt.Sprintf("c%d", i)
 		switch k := r.IntN(10); {
 		case k == 0:
 			items = append(items, store.BatchItem{Actor: a, Refusal: &store.AuditEntry{ProjectID: "p1", Outcome: "refused", Reason: "bad_signature"}})
+		case k == 1 && i > 0:
+			items = append(items, items[r.IntN(i)]) // resent: a duplicate if it was accepted
 		default:
-			e := env{tenant: "t1", project: "p1", producer: p, eventID: fmt.Sprintf("e-%s-%d", p, r.IntN(12)), seq: int64(1 + r.IntN(12))}
+			// Event ids are shared by the producers of a tenant, so the
+			// same id from another stream is an event_conflict.
+			e := env{tenant: t, project: "p1", producer: p, eventID: fmt.Sprintf("e-%d", r.IntN(24)), seq: int64(1 + r.IntN(16))}
 			if r.IntN(6) == 0 {
 				e.content = "variant"
+			}
+			if r.IntN(5) == 0 {
+				e.idemKey = fmt.Sprintf("k-%d", r.IntN(6))
 			}
 			in := e.input()
 			if r.IntN(8) == 0 {
@@ -53,47 +62,68 @@ func (f *fixture) snapshot() snapshot {
 		return s
 	}
 	return snapshot{
-		streams:    q(`SELECT coalesce(string_agg(format('%s/%s/%s:%s:%s', tenant_id, project_id, producer_id, cursor, replay_floor), ',' ORDER BY producer_id), '') FROM streams`),
-		identities: q(`SELECT coalesce(string_agg(format('%s:%s:%s', encode(event_identity, 'hex'), producer_id, sequence), ',' ORDER BY producer_id, sequence), '') FROM event_identities`),
+		streams:    q(`SELECT coalesce(string_agg(format('%s/%s/%s:%s:%s', tenant_id, project_id, producer_id, cursor, replay_floor), ',' ORDER BY tenant_id, producer_id), '') FROM streams`),
+		identities: q(`SELECT coalesce(string_agg(format('%s:%s:%s:%s', tenant_id, encode(event_identity, 'hex'), producer_id, sequence), ',' ORDER BY tenant_id, producer_id, sequence), '') FROM event_identities`),
 		audit:      q(`SELECT coalesce(string_agg(format('%s:%s:%s:%s:%s', device_id, event_identity, outcome, reason, correlation_id), ',' ORDER BY audit_id), '') FROM audit_events`),
 	}
 }
 
+// TestIngestBatchMatchesOneByOne is the differential test of the two
+// implementations of step 5: IngestBatch decides set-based, Ingest in SQL.
+// Several rounds per seed, with replay floors raised between them, so later
+// batches meet what earlier ones stored.
 func TestIngestBatchMatchesOneByOne(t *testing.T) {
 	ctx := context.Background()
-	for seed := uint64(1); seed <= 3; seed++ {
-		items := randomItems(rand.New(rand.NewPCG(seed, 7)), 80)
+	outcomes := map[string]int{}
+	for seed := uint64(1); seed <= 6; seed++ {
+		r := rand.New(rand.NewPCG(seed, 7))
 		batched, single := newFixture(t), newFixture(t)
-		got, err := batched.s.IngestBatch(ctx, items)
-		if err != nil {
-			t.Fatalf("seed %d: IngestBatch: %v", seed, err)
-		}
-		if len(got) != len(items) {
-			t.Fatalf("seed %d: %d results for %d items", seed, len(got), len(items))
-		}
-		outcomes := map[store.Outcome]int{}
-		for i, it := range items {
-			var want store.Result
-			if it.Refusal != nil {
-				if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
-					t.Fatal(err)
+		for round := 0; round < 4; round++ {
+			if round > 0 && r.IntN(2) == 0 {
+				tenant, producer, floor := []string{"t1", "t2"}[r.IntN(2)], fmt.Sprintf("d%d", 1+r.IntN(3)), int64(r.IntN(6))
+				for _, f := range []*fixture{batched, single} {
+					if _, err := f.s.SetReplayFloor(ctx, tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("seed %d round %d: SetReplayFloor: %v", seed, round, err)
+					}
 				}
-				want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}
-			} else {
-				want = mustIngest(t, single.s, it.Actor, *it.Ingest)
 			}
-			if got[i] != want {
-				t.Fatalf("seed %d item %d: batch %+v, one by one %+v", seed, i, got[i], want)
+			items := randomItems(r, 2+r.IntN(79))
+			got, err := batched.s.IngestBatch(ctx, items)
+			if err != nil {
+				t.Fatalf("seed %d round %d: IngestBatch: %v", seed, round, err)
 			}
-			outcomes[got[i].Outcome]++
-		}
-		if outcomes[store.OutcomeAccepted] == 0 || outcomes[store.OutcomeDuplicate] == 0 || outcomes[store.OutcomeRefused] == 0 {
-			t.Fatalf("seed %d: workload too narrow: %v", seed, outcomes)
-		}
-		if b, s := batched.snapshot(), single.snapshot(); b != s {
-			t.Fatalf("seed %d: state differs\nbatch  %+v\nsingle %+v", seed, b, s)
+			if len(got) != len(items) {
+				t.Fatalf("seed %d round %d: %d results for %d items", seed, round, len(got), len(items))
+			}
+			for i, it := range items {
+				var want store.Result
+				if it.Refusal != nil {
+					if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
+						t.Fatal(err)
+					}
+					want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}
+				} else {
+					want = mustIngest(t, single.s, it.Actor, *it.Ingest)
+				}
+				if got[i] != want {
+					t.Fatalf("seed %d round %d item %d: batch %+v, one by one %+v", seed, round, i, got[i], want)
+				}
+				outcomes[string(got[i].Outcome)+"/"+got[i].Reason]++
+			}
+			if b, s := batched.snapshot(), single.snapshot(); b != s {
+				t.Fatalf("seed %d round %d: state differs\nbatch  %+v\nsingle %+v", seed, round, b, s)
+			}
 		}
 	}
+	// The workload must reach every verdict, or the comparison proves little.
+	for _, want := range []string{"accepted/", "duplicate/", "refused/bad_signature", "refused/" + store.ReasonEventConflict,
+		"refused/" + store.ReasonIdempotencyConflict, "refused/" + store.ReasonSequenceConflict,
+		"refused/" + store.ReasonSequenceTooFarAhead, "refused/" + store.ReasonBelowReplayFloor} {
+		if outcomes[want] == 0 {
+			t.Errorf("workload never reached %s: %v", want, outcomes)
+		}
+	}
+	t.Logf("verdicts compared: %v", outcomes)
 }
 
 func TestIngestBatchRefusesInvalid(t *testing.T) {

@@ -209,15 +209,9 @@ func prepareRefusal(a Actor, e *AuditEntry) (prepared, bool) {
 	return prepared{actor: a, refusal: e}, true
 }
 
+// queue adds the envelope's decideSQL to the pipeline.
 func (p prepared) queue(b *pgx.Batch) {
-	a := p.actor
-	if p.refusal != nil {
-		e := p.refusal
-		b.Queue(insertAuditSQL, a.TenantID, e.ProjectID, a.AccountID, a.DeviceID, e.EventIdentity,
-			e.Outcome, e.Reason, a.CorrelationID)
-		return
-	}
-	in := p.in
+	a, in := p.actor, p.in
 	maxAhead := in.MaxAhead
 	if maxAhead <= 0 {
 		maxAhead = DefaultMaxAhead
@@ -227,14 +221,8 @@ func (p prepared) queue(b *pgx.Batch) {
 		maxAhead, a.AccountID, a.DeviceID, in.EventIdentity, a.CorrelationID)
 }
 
-// read collects the queued statement's answer from the pipeline.
+// read collects decideSQL's answer from the pipeline.
 func (p prepared) read(br pgx.BatchResults) (Result, error) {
-	if p.refusal != nil {
-		if _, err := br.Exec(); err != nil {
-			return Result{}, err
-		}
-		return Result{Outcome: Outcome(p.refusal.Outcome), Reason: p.refusal.Reason, EventIdentity: p.refusal.EventIdentity}, nil
-	}
 	var v string
 	var cursor int64
 	if err := br.QueryRow().Scan(&v, &cursor); err != nil {
@@ -296,19 +284,11 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 		return nil, newErr(op, ErrInvalid)
 	}
 	ps := make([]prepared, len(items))
-	type key struct{ t, p, d string }
-	seen := map[key]bool{}
-	var tenants, projects, producers []string
 	for i, it := range items {
 		var ok bool
 		switch {
 		case it.Ingest != nil && it.Refusal == nil:
 			ps[i], ok = prepareIngest(it.Actor, it.Ingest)
-			k := key{it.Actor.TenantID, it.Ingest.ProjectID, it.Ingest.ProducerID}
-			if ok && !seen[k] {
-				seen[k] = true
-				tenants, projects, producers = append(tenants, k.t), append(projects, k.p), append(producers, k.d)
-			}
 		case it.Refusal != nil && it.Ingest == nil:
 			ps[i], ok = prepareRefusal(it.Actor, it.Refusal)
 		}
@@ -316,23 +296,12 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 			return nil, newErr(op, ErrInvalid)
 		}
 	}
-
-	build := func() *pgx.Batch {
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		switch len(tenants) {
-		case 0:
-		case 1:
-			b.Queue(lockStreamSQL, tenants[0], projects[0], producers[0])
-		default:
-			b.Queue(lockStreamsSQL, tenants, projects, producers)
+	run := func(c *pgx.Conn) ([]Result, error) {
+		if len(ps) == 1 && ps[0].in != nil {
+			return runSingle(ctx, c, ps[0])
 		}
-		for _, p := range ps {
-			p.queue(b)
-		}
-		return b
+		return runSetBatch(ctx, c, newSetBatch(ps))
 	}
-	locked := len(tenants) > 0
 
 	var results []Result
 	var err error
@@ -344,7 +313,7 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 	for attempt := 0; ; attempt++ {
 		err = s.withPgx(ctx, func(c *pgx.Conn) error {
 			var rerr error
-			results, rerr = runBatch(ctx, c, build(), locked, ps)
+			results, rerr = run(c)
 			return rerr
 		})
 		if err == nil || !retryable(err) || attempt >= s.opts.MaxRetries || ctx.Err() != nil {
@@ -357,56 +326,30 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 	return results, nil
 }
 
-// runBatch sends BEGIN, the stream locks and every item's statement as one
-// pipeline (one round trip), reads every answer, and only then sends COMMIT.
-// The server commits nothing unless that COMMIT arrives: a caller that gives
-// up (cancelled context) or a session that dies before it leaves no trace.
+// runSingle sends BEGIN, the stream lock and decideSQL as one pipeline (one
+// round trip), reads the answer, and only then sends COMMIT. The server
+// commits nothing unless that COMMIT arrives: a caller that gives up
+// (cancelled context) or a session that dies before it leaves no trace.
 // Every path leaves the connection idle, or marks it bad so the pool drops it.
-func runBatch(ctx context.Context, c *pgx.Conn, b *pgx.Batch, locked bool, ps []prepared) (_ []Result, err error) {
+func runSingle(ctx context.Context, c *pgx.Conn, p prepared) (_ []Result, err error) {
 	defer func() {
-		if err == nil || c.IsClosed() {
-			return
-		}
-		// After an error part-way through a pipeline, pgx may return from
-		// BatchResults.Close with the rest of the pipeline unread: the
-		// connection is still busy and would fail whoever draws it next (the
-		// rerun of a lost unique race included). Such a connection is closed
-		// and reported bad, so the pool drops it.
-		if c.PgConn().IsBusy() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			_ = c.Close(cctx)
-			err = errors.Join(err, driver.ErrBadConn)
-			return
-		}
-		if c.PgConn().TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if _, rerr := c.Exec(rctx, "ROLLBACK"); rerr != nil {
-				err = errors.Join(err, driver.ErrBadConn)
-			}
+		if err != nil {
+			err = releaseAfterError(ctx, c, err)
 		}
 	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(lockStreamSQL, p.actor.TenantID, p.in.ProjectID, p.in.ProducerID)
+	p.queue(b)
 	br := c.SendBatch(ctx, b)
-	results := make([]Result, len(ps))
-	err = func() error {
-		if _, err := br.Exec(); err != nil { // BEGIN
-			return err
-		}
-		if locked {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
-		for i, p := range ps {
-			r, err := p.read(br)
-			if err != nil {
-				return err
-			}
-			results[i] = r
-		}
-		return nil
-	}()
+	var r Result
+	_, err = br.Exec() // BEGIN
+	if err == nil {
+		_, err = br.Exec() // stream lock
+	}
+	if err == nil {
+		r, err = p.read(br)
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -425,7 +368,34 @@ func runBatch(ctx context.Context, c *pgx.Conn, b *pgx.Batch, locked bool, ps []
 	if tag.String() != "COMMIT" {
 		return nil, errRolledBack
 	}
-	return results, nil
+	return []Result{r}, nil
+}
+
+// releaseAfterError leaves c idle after a failed pipeline, or closes it and
+// adds driver.ErrBadConn so the pool drops it.
+func releaseAfterError(ctx context.Context, c *pgx.Conn, err error) error {
+	if c.IsClosed() {
+		return err
+	}
+	// After an error part-way through a pipeline, pgx may return from
+	// BatchResults.Close with the rest of the pipeline unread: the
+	// connection is still busy and would fail whoever draws it next (the
+	// rerun of a lost unique race included). Such a connection is closed
+	// and reported bad, so the pool drops it.
+	if c.PgConn().IsBusy() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = c.Close(cctx)
+		return errors.Join(err, driver.ErrBadConn)
+	}
+	if c.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, rerr := c.Exec(rctx, "ROLLBACK"); rerr != nil {
+			return errors.Join(err, driver.ErrBadConn)
+		}
+	}
+	return err
 }
 
 // errRolledBack: the server answered COMMIT with ROLLBACK (the transaction
