@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 
 // defaultDuration is the fault time of the default run, over all scenarios; CHAOS_DURATION (a Go
 // duration) sets it for a longer run (make chaos).
-const defaultDuration = 60 * time.Second
+const defaultDuration = 45 * time.Second
 
 func chaosDuration(t *testing.T) time.Duration {
 	v := os.Getenv("CHAOS_DURATION")
@@ -226,6 +226,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `UPDATE outbox_messages SET attempts = 0 WHERE message_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
+	ledger.Bad5xx = append(ledger.Bad5xx, `ingest 503 "{\"outcome\":\"accepted\"}"`)
 	late := time.Now().Add(time.Second)
 	receipts[id] = append(receipts[id], Receipt{MessageID: id, Arrived: late, Finished: late, Answer: "500"})
 	receipts["msg_ffffffffffffffffffffffff"] = []Receipt{{MessageID: "msg_ffffffffffffffffffffffff", Arrived: late, Answer: "refused:401"}}
@@ -251,6 +252,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		"enqueued_message_missing",         // an id a client got that the database lacks
 		"settled_by_stale_attempt",         // a request after the settlement, and a last answer not 2xx
 		"unknown_delivery", "bad_delivery", // a request for no message, refused by the verifier
+		"bad_5xx_answer", // a 5xx that said accepted
 	} {
 		if got[want] == 0 {
 			t.Errorf("checker missed %s; found %v", want, got)

@@ -72,7 +72,8 @@ type dbMessage struct {
 //   - nothing is half-written: every identity has its payload and exactly one accepted audit row, every
 //     accepted audit row its identity, and every identity is an envelope some client sent (a 5xx
 //     answer either committed all of an envelope or none of it);
-//   - no valid request was refused (contract §7.15: a failing dependency answers 503, never a 4xx);
+//   - no valid request was refused (contract §7.15: a failing dependency answers 503, never a 4xx), and
+//     every 5xx said refused/unavailable, never accepted;
 //   - every enqueued message exists and is delivered or dead (none lost), a repeated enqueue got the
 //     original ids and envelope, and every message in the database belongs to a request a client sent;
 //   - the sink saw every delivered message at least once with a 2xx answer and a valid signature, and
@@ -118,6 +119,9 @@ func Check(ctx context.Context, db *sql.DB, tenant string, ledger *Ledger, recei
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
+	for _, b := range ledger.Bad5xx {
+		c.fail("bad_5xx_answer", "%s (want outcome refused, reason unavailable)", b)
+	}
 	c.checkInbound(ledger, idents, cursors, orphanAudits)
 	c.checkOutbound(ledger, msgs, receipts)
 	return c.res, nil
@@ -277,11 +281,14 @@ func contains(ss []string, s string) bool {
 
 func loadIdentities(ctx context.Context, tx *sql.Tx, tenant string) (map[string]*dbIdentity, error) {
 	rows, err := tx.QueryContext(ctx, `
-SELECT i.event_identity, i.project_id, i.producer_id, i.sequence, i.content_digest, p.envelope,
-       (SELECT count(*) FROM audit_events a WHERE a.tenant_id = i.tenant_id AND a.outcome = 'accepted'
-          AND a.event_identity = encode(i.event_identity, 'hex'))
+WITH a AS (
+    SELECT event_identity, count(*) AS n FROM audit_events
+    WHERE tenant_id = $1 AND outcome = 'accepted' GROUP BY event_identity
+)
+SELECT i.event_identity, i.project_id, i.producer_id, i.sequence, i.content_digest, p.envelope, coalesce(a.n, 0)
 FROM event_identities i
 LEFT JOIN inbound_payloads p ON p.tenant_id = i.tenant_id AND p.event_identity = i.event_identity
+LEFT JOIN a ON a.event_identity = encode(i.event_identity, 'hex')
 WHERE i.tenant_id = $1`, tenant)
 	if err != nil {
 		return nil, fmt.Errorf("read identities: %w", err)

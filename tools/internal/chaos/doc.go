@@ -13,6 +13,6 @@
 // server on 5432 is never touched, let alone restarted. Every loop is bounded in time and count, and
 // everything stops by itself. The figures are in docs/reliability.md ("Fault injection").
 //
-// Run: go test ./internal/chaos (the default, about a minute and a half, CHAOS_DURATION=60s of faults);
+// Run: go test ./internal/chaos (the default, about a minute and a half, CHAOS_DURATION=45s of faults);
 // CHAOS_DURATION=8m make chaos for the long form.
 package chaos

@@ -196,7 +196,7 @@ SELECT pg_terminate_backend(pid) FROM (
 }
 
 // injectLoop applies faults from kinds (in turn, or at random when random) until ctx ends, pausing
-// 0.2–1s between them. The first error ends it.
+// 0.2–0.6s between them. The first error ends it.
 func (r *rig) injectLoop(ctx context.Context, kinds []string, random bool) error {
 	for i := 0; ctx.Err() == nil; i++ {
 		kind := kinds[i%len(kinds)]
@@ -206,7 +206,7 @@ func (r *rig) injectLoop(ctx context.Context, kinds []string, random bool) error
 		if _, err := r.inject(ctx, kind); err != nil {
 			return fmt.Errorf("%s: %w", kind, err)
 		}
-		sleepCtx(ctx, r.between(200*time.Millisecond, time.Second))
+		sleepCtx(ctx, r.between(200*time.Millisecond, 600*time.Millisecond))
 	}
 	return nil
 }

@@ -51,6 +51,22 @@ type Ledger struct {
 	Outbox    []*SentOutbox
 	Statuses  map[string]int // "ingest 200", "batch 503", "outbox 201", "ingest transport", …
 	Requests  int
+	// Bad5xx are 5xx answers whose body is not {"outcome":"refused","reason":"unavailable"} (contract
+	// §2: a 5xx never says accepted; nothing is acknowledged, retrying is safe).
+	Bad5xx []string
+}
+
+// check5xx remembers a 5xx answer that does not say unavailable.
+func (l *Ledger) check5xx(route string, status int, body []byte) {
+	var a answerBody
+	if err := json.Unmarshal(body, &a); err == nil && a.Outcome == "refused" && a.Reason == "unavailable" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.Bad5xx) < 100 {
+		l.Bad5xx = append(l.Bad5xx, fmt.Sprintf("%s %d %.200q", route, status, body))
+	}
 }
 
 func newLedger() *Ledger { return &Ledger{Statuses: map[string]int{}} }
@@ -270,6 +286,9 @@ func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, 
 			return // the run is over; an answer cut short by it says nothing
 		}
 		l.ledger.count(name, ans.Status, err)
+		if err == nil && ans.Status >= 500 {
+			l.ledger.check5xx(name, ans.Status, ans.Body)
+		}
 		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
 			for _, s := range group {
 				l.record(s, answerBody{}, 0)
@@ -336,6 +355,9 @@ func (l *load) postOutbox(ctx context.Context, o *SentOutbox, body []byte) {
 			return
 		}
 		l.ledger.count("outbox", ans.Status, err)
+		if err == nil && ans.Status >= 500 {
+			l.ledger.check5xx("outbox", ans.Status, ans.Body)
+		}
 		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
 			l.ledger.mu.Lock()
 			o.Failures++

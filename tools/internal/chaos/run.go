@@ -371,8 +371,10 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) (rep Report, err 
 		<-loadDone
 		return rep, err
 	}
+	faultsEnd := time.Now()
 	logf("%s: faults done (%d), waiting for the clients", sc.Name, r.FaultTotalLocked())
 	<-loadDone
+	phase := time.Now()
 	rep.Requests, rep.Statuses = ledger.Requests, ledger.StatusSummary()
 
 	for _, p := range all {
@@ -387,6 +389,9 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) (rep Report, err 
 	if err := waitDrained(drain, admin); err != nil {
 		logf("%s: %v", sc.Name, err) // the checker reports what is left as message_lost
 	}
+	logf("%s: clients done %v after the faults; outbox drained in %v", sc.Name, phase.Sub(faultsEnd).Round(100*time.Millisecond),
+		time.Since(phase).Round(100*time.Millisecond))
+	phase = time.Now()
 	for _, p := range all {
 		if err := p.Stop(15 * time.Second); err != nil {
 			rep.Problems = append(rep.Problems, Violation{Check: "unclean_stop", Detail: err.Error() + "\n" + lastLines(p.Logs(), 20)})
@@ -400,10 +405,13 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) (rep Report, err 
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	stopped := time.Now()
 	rep.Check, err = Check(cctx, admin, tenant, ledger, sink.Receipts())
 	if err != nil {
 		return rep, err
 	}
+	logf("%s: replicas stopped in %v, checked in %v", sc.Name, stopped.Sub(phase).Round(100*time.Millisecond),
+		time.Since(stopped).Round(100*time.Millisecond))
 	if _, err := admin.ExecContext(cctx, "SELECT 1"); err == nil {
 		_ = admin.Close()
 		if db, err := sql.Open("pgx", cfg.Cluster.DSN("postgres")); err == nil {
