@@ -17,6 +17,11 @@ const (
 	OutcomeAccepted  Outcome = "accepted"
 	OutcomeDuplicate Outcome = "duplicate"
 	OutcomeRefused   Outcome = "refused"
+	// OutcomeStale is no answer: the input named the public key it was
+	// verified with (IngestInput.VerifiedWith), and at commit that key was no
+	// longer active with that public key. Nothing was written, not even an
+	// audit row; the caller decides again from a fresh key lookup.
+	OutcomeStale Outcome = "stale"
 )
 
 // Reasons decided at step 5.
@@ -47,6 +52,12 @@ type IngestInput struct {
 	Canonical                                   []byte    // JCS of the whole signed envelope: the stored form
 	ExpiresAt                                   time.Time // payload expiry (received_at + PAYLOAD_RETENTION)
 	MaxAhead                                    int64     // sequence_too_far_ahead bound; <= 0 means DefaultMaxAhead
+	// VerifiedWith, when set, is the public key the signature was verified
+	// with, believed active. The envelope is decided only if the key is still
+	// active with exactly this public key inside the ingest transaction, so a
+	// caller may cache active keys and still see a retirement, revocation or
+	// prune committed before its transaction (else: OutcomeStale).
+	VerifiedWith []byte
 }
 
 // Result is the answer to one envelope. Cursor is the stream's cursor after
@@ -95,7 +106,8 @@ ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.
 // COMMITTED it takes its snapshot after the lock was granted, so it sees
 // everything the previous lock holder committed.
 //
-// The verdict follows the contract's order (a–e). An accepted envelope writes
+// The verdict follows the contract's order (a–e), after the key check of
+// IngestInput.VerifiedWith ('stale': nothing is written). An accepted envelope writes
 // its identity, payload and audit row; the cursor moves only when the
 // envelope takes the slot right after it, and then runs through every
 // retained sequence that is now contiguous (sequence - row_number() stays
@@ -106,6 +118,7 @@ ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.
 //	$6 content digest  $7 sequence  $8 key id  $9 issued_at  $10 canonical envelope
 //	$11 payload expires_at  $12 max ahead  $13 account  $14 device
 //	$15 event identity (hex, for audit)  $16 correlation id
+//	$17 public key the caller verified with, or NULL (see IngestInput.VerifiedWith)
 const decideSQL = `
 WITH st AS (
     SELECT cursor, replay_floor FROM streams
@@ -116,6 +129,10 @@ WITH st AS (
     SELECT content_digest FROM event_identities WHERE tenant_id = $1 AND idempotency_digest = $5::bytea
 ), verdict AS (
     SELECT st.cursor, st.replay_floor, CASE
+        WHEN $17::bytea IS NOT NULL AND NOT EXISTS (
+                SELECT FROM producer_keys
+                WHERE tenant_id = $1 AND key_id = $8 AND state = 'active' AND public_key = $17::bytea)
+            THEN 'stale'
         WHEN EXISTS (SELECT FROM ev) THEN
             CASE WHEN (SELECT content_digest FROM ev) = $6::bytea THEN 'duplicate' ELSE 'event_conflict' END
         WHEN EXISTS (SELECT FROM idem) THEN
@@ -158,7 +175,7 @@ WITH st AS (
            CASE WHEN v IN ('accepted', 'duplicate') THEN v ELSE 'refused' END,
            CASE WHEN v IN ('accepted', 'duplicate') THEN '' ELSE v END,
            $16
-    FROM verdict
+    FROM verdict WHERE v <> 'stale'
 )
 SELECT v, coalesce((SELECT cursor FROM advance), verdict.cursor) FROM verdict`
 
@@ -218,7 +235,7 @@ func (p prepared) queue(b *pgx.Batch) {
 	}
 	b.Queue(decideSQL, a.TenantID, in.ProjectID, in.ProducerID, p.ev, in.IdempotencyDigest[:],
 		in.ContentDigest[:], in.Sequence, in.KeyID, in.IssuedAt, in.Canonical, in.ExpiresAt,
-		maxAhead, a.AccountID, a.DeviceID, in.EventIdentity, a.CorrelationID)
+		maxAhead, a.AccountID, a.DeviceID, in.EventIdentity, a.CorrelationID, in.VerifiedWith)
 }
 
 // read collects decideSQL's answer from the pipeline.
@@ -230,7 +247,7 @@ func (p prepared) read(br pgx.BatchResults) (Result, error) {
 	}
 	r := Result{EventIdentity: p.in.EventIdentity, Cursor: cursor}
 	switch v {
-	case string(OutcomeAccepted), string(OutcomeDuplicate):
+	case string(OutcomeAccepted), string(OutcomeDuplicate), string(OutcomeStale):
 		r.Outcome = Outcome(v)
 	default:
 		r.Outcome, r.Reason = OutcomeRefused, v

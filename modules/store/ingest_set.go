@@ -38,20 +38,27 @@ JOIN streams st ON st.tenant_id = s.t AND st.project_id = s.p AND st.producer_id
 
 // lookupSQL reads, for each envelope, what step 5 compares it with: the
 // content digest stored under its event identity and under its idempotency
-// digest, and whether its stream already holds its sequence. Rows come back
-// only where something was found; most envelopes are new.
+// digest, whether its stream already holds its sequence, and whether the key
+// it was verified with (IngestInput.VerifiedWith, NULL when not given) is no
+// longer active with that public key. Rows come back only where something
+// was found; most envelopes are new.
 //
 //	$1 tenants  $2 event identities  $3 idempotency digests  $4 projects
-//	$5 producers  $6 sequences (one entry per envelope)
+//	$5 producers  $6 sequences  $7 key ids  $8 verified-with keys (one entry per envelope)
 const lookupSQL = `
-SELECT x.i, ev.content_digest, idem.content_digest, sq.sequence IS NOT NULL
-FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::text[], $6::bigint[])
-     WITH ORDINALITY AS x(t, e, k, p, d, s, i)
+SELECT x.i, ev.content_digest, idem.content_digest, sq.sequence IS NOT NULL, x.stale
+FROM (
+    SELECT u.*, u.vk IS NOT NULL AND NOT EXISTS (
+               SELECT FROM producer_keys pk
+               WHERE pk.tenant_id = u.t AND pk.key_id = u.kid AND pk.state = 'active' AND pk.public_key = u.vk) AS stale
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bytea[])
+         WITH ORDINALITY AS u(t, e, k, p, d, s, kid, vk, i)
+) x
 LEFT JOIN event_identities ev ON ev.tenant_id = x.t AND ev.event_identity = x.e
 LEFT JOIN event_identities idem ON idem.tenant_id = x.t AND idem.idempotency_digest = x.k
 LEFT JOIN event_identities sq ON sq.tenant_id = x.t AND sq.project_id = x.p AND sq.producer_id = x.d
                               AND sq.sequence = x.s
-WHERE ev.tenant_id IS NOT NULL OR idem.tenant_id IS NOT NULL OR sq.tenant_id IS NOT NULL`
+WHERE x.stale OR ev.tenant_id IS NOT NULL OR idem.tenant_id IS NOT NULL OR sq.tenant_id IS NOT NULL`
 
 // writeSQL commits the decisions: every accepted identity and payload, every
 // stream's new cursor, and one audit row per item in item order (audit ids
@@ -104,6 +111,7 @@ type streamState struct {
 type found struct {
 	byEvent, byIdem []byte // content digests; nil when absent
 	seqHeld         bool
+	stale           bool // the key check of IngestInput.VerifiedWith failed
 }
 
 // setBatch is one set-based batch: its items, its streams in lock order, and
@@ -149,14 +157,16 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 	}
 	tenants, evs, idems := make([]string, 0, n), make([][]byte, 0, n), make([][]byte, 0, n)
 	projects, producers, seqs := make([]string, 0, n), make([]string, 0, n), make([]int64, 0, n)
+	keyIDs, verified := make([]string, 0, n), make([][]byte, 0, n)
 	for _, p := range b.ps {
 		if p.in == nil {
 			continue
 		}
 		tenants, evs, idems = append(tenants, p.actor.TenantID), append(evs, p.ev), append(idems, p.in.IdempotencyDigest[:])
 		projects, producers, seqs = append(projects, p.in.ProjectID), append(producers, p.in.ProducerID), append(seqs, p.in.Sequence)
+		keyIDs, verified = append(keyIDs, p.in.KeyID), append(verified, p.in.VerifiedWith) // nil is NULL
 	}
-	q.Queue(lookupSQL, tenants, evs, idems, projects, producers, seqs)
+	q.Queue(lookupSQL, tenants, evs, idems, projects, producers, seqs, keyIDs, verified)
 }
 
 // readState collects the reads queued by queueReads.
@@ -208,7 +218,7 @@ func (b *setBatch) readState(br pgx.BatchResults) (map[streamKey]*streamState, [
 	for rows.Next() {
 		var i int
 		var f found
-		if err := rows.Scan(&i, &f.byEvent, &f.byIdem, &f.seqHeld); err != nil {
+		if err := rows.Scan(&i, &f.byEvent, &f.byIdem, &f.seqHeld, &f.stale); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
@@ -247,6 +257,10 @@ func (b *setBatch) decide(states map[streamKey]*streamState, fs []found) ([]Resu
 		}
 		in, f := p.in, fs[fi]
 		fi++
+		if f.stale {
+			results[i] = Result{Outcome: OutcomeStale, EventIdentity: in.EventIdentity}
+			continue
+		}
 		k := streamKey{a.TenantID, in.ProjectID, in.ProducerID}
 		st := states[k]
 		maxAhead := in.MaxAhead

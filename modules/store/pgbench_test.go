@@ -30,6 +30,7 @@ var pgbenchArgs = map[int]string{
 	14: `('pgb-' || :run || '-' || :client_id)`,
 	15: `encode(sha256(convert_to('e-' || :run || '-' || :client_id || '-' || :seq, 'UTF8')), 'hex')`,
 	16: `'bench'`,
+	17: `NULL`,
 }
 
 var paramRE = regexp.MustCompile(`\$(\d+)`)

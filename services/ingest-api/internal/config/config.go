@@ -75,7 +75,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		CredentialCacheTTL:     time.Second,
 		GroupCommitWindow:      0,
 		GroupCommitMaxItems:    100,
-		GroupCommitConcurrency: 8,
+		GroupCommitConcurrency: 2,
 		LogLevel:               "info",
 		OutboundKeysReload:     5 * time.Second,
 	}

@@ -117,8 +117,10 @@ func (h idempotencyHeader) matches(key string) bool {
 type keyCache map[string]store.Key
 
 // decide runs steps 2, 3 and 4 for one envelope. An error is a failing
-// store (503).
-func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, now time.Time) (decision, error) {
+// store (503). With shared set (the single-envelope route), active keys may
+// come from the replica's cache, and the decision carries the public key it
+// verified with so that the store re-checks it at commit (see activeKeys).
+func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, shared *activeKeys, now time.Time) (decision, error) {
 	env, err := envelope.ParseWithLimits(raw, envelope.DefaultLimits())
 	if err != nil {
 		reason := reasonInvalidEnvelope
@@ -137,6 +139,17 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 
 	// Step 3.
 	key, ok := keys[env.KeyID]
+	verified := false
+	if !ok && shared != nil {
+		if key, ok = shared.get(actor.TenantID, env.KeyID); ok {
+			// A signature that fails against a cached key is decided from a
+			// fresh lookup: the key id may have been pruned and added again.
+			if verified = env.Verify(key.PublicKey) == nil; !verified {
+				shared.drop(actor.TenantID, env.KeyID)
+				ok = false
+			}
+		}
+	}
 	if !ok {
 		lctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 		key, err = s.store.LookupKey(lctx, actor.TenantID, env.KeyID)
@@ -148,10 +161,13 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 			return decision{}, opError{"lookup_key", err}
 		}
 		keys[env.KeyID] = key
+		if shared != nil {
+			shared.put(key)
+		}
 	}
 	switch key.State {
 	case store.KeyActive:
-		if err := env.Verify(key.PublicKey); err != nil {
+		if !verified && env.Verify(key.PublicKey) != nil {
 			return refusalDecision(actor, project, eid, "bad_signature"), nil
 		}
 	case store.KeyRetired:
@@ -189,6 +205,10 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		return refusalDecision(actor, project, eid, reason), nil
 	}
 
+	var verifiedWith []byte
+	if shared != nil && key.State == store.KeyActive {
+		verifiedWith = key.PublicKey
+	}
 	return decision{item: store.BatchItem{Actor: actor, Ingest: &store.IngestInput{
 		ProjectID:         env.ProjectID,
 		ProducerID:        env.ProducerID,
@@ -201,6 +221,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		Canonical:         env.Canonical(),
 		ExpiresAt:         now.Add(s.cfg.PayloadRetention),
 		MaxAhead:          s.cfg.MaxSequenceAhead,
+		VerifiedWith:      verifiedWith,
 	}}}, nil
 }
 
@@ -268,18 +289,25 @@ func (s *Server) postEnvelope(c echo.Context) error {
 	st := state(c)
 	actor := actorOf(id, st.correlationID)
 
+	values := c.Request().Header.Values("Idempotency-Key")
+	idem := idempotencyHeader{present: len(values) > 0, values: values}
 	var dec decision
 	var err error
 	if id.Role != store.RoleDevice {
 		dec = refusalDecision(actor, "", "", reasonForbidden)
-	} else {
-		values := c.Request().Header.Values("Idempotency-Key")
-		dec, err = s.decide(ctx, actor, body, idempotencyHeader{present: len(values) > 0, values: values}, keyCache{}, s.cfg.Now())
-		if err != nil {
-			return s.storeFailure(c, err)
-		}
+	} else if dec, err = s.decide(ctx, actor, body, idem, keyCache{}, s.activeKeys, s.cfg.Now()); err != nil {
+		return s.storeFailure(c, err)
 	}
 	res, err := s.commit.submit(ctx, dec.item)
+	if err == nil && res.Outcome == store.OutcomeStale {
+		// The key changed since it was cached: decide again from a fresh
+		// lookup, without the cache (the store then checks nothing more).
+		s.activeKeys.drop(actor.TenantID, dec.item.Ingest.KeyID)
+		if dec, err = s.decide(ctx, actor, body, idem, keyCache{}, nil, s.cfg.Now()); err != nil {
+			return s.storeFailure(c, err)
+		}
+		res, err = s.commit.submit(ctx, dec.item)
+	}
 	if err != nil {
 		return s.storeFailure(c, opError{"ingest", err})
 	}
@@ -340,7 +368,7 @@ func (s *Server) postBatch(c echo.Context) error {
 				break
 			}
 		}
-		decisions[i], err = s.decide(ctx, actor, raw, idempotencyHeader{}, keys, now)
+		decisions[i], err = s.decide(ctx, actor, raw, idempotencyHeader{}, keys, nil, now)
 		if err != nil {
 			return s.storeFailure(c, err)
 		}
