@@ -221,6 +221,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		t.Fatal(err)
 	}
 	ledger.Envelopes = append(ledger.Envelopes, ingest(3, false)) // "accepted", never stored
+	ledger.Envelopes[1].Twice = true                              // a resend answered accepted
 	lost := enqueue("ob-2")                                       // answered, never delivered
 	ledger.Outbox = append(ledger.Outbox, lost, &SentOutbox{Key: "ob-3", MessageIDs: []string{"msg_000000000000000000000000"}, Answers: 1})
 	if _, err := db.ExecContext(ctx, `UPDATE outbox_messages SET attempts = 0 WHERE message_id = $1`, id); err != nil {
@@ -253,6 +254,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		"settled_by_stale_attempt",         // a request after the settlement, and a last answer not 2xx
 		"unknown_delivery", "bad_delivery", // a request for no message, refused by the verifier
 		"bad_5xx_answer", // a 5xx that said accepted
+		"accepted_twice", // a resend answered accepted
 	} {
 		if got[want] == 0 {
 			t.Errorf("checker missed %s; found %v", want, got)

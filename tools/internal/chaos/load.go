@@ -29,6 +29,7 @@ type SentEnvelope struct {
 	// (a 4xx), or "" when the client never got one (every answer was a 5xx or a transport error).
 	Outcome   string
 	Acks      int   // 200 answers
+	Twice     bool  // answered accepted after an earlier acknowledgement (a resend must be a duplicate)
 	Failures  int   // 5xx answers and transport errors
 	MaxCursor int64 // the highest cursor an answer carried
 }
@@ -213,6 +214,9 @@ func (l *load) record(s *SentEnvelope, a answerBody, status int) {
 	defer l.ledger.mu.Unlock()
 	switch {
 	case status == http.StatusOK && (a.Outcome == "accepted" || a.Outcome == "duplicate"):
+		if s.Acks > 0 && a.Outcome == "accepted" {
+			s.Twice = true
+		}
 		s.Outcome = a.Outcome
 		s.Acks++
 		if a.Cursor != nil && *a.Cursor > s.MaxCursor {

@@ -145,6 +145,8 @@ func (r *Replica) Start(ctx context.Context, within time.Duration) error {
 	cmd := exec.Command(r.bin)
 	cmd.Env = append(os.Environ(), r.env...)
 	cmd.Stdout, cmd.Stderr = r.logs, r.logs
+	// Should the test process die, its replicas die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		r.mu.Unlock()
 		return fmt.Errorf("start %s: %w", r.Name, err)
