@@ -94,7 +94,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 func (r *rig) inject(ctx context.Context, kind string) (bool, error) {
 	// Undo work must finish even when the fault phase has just ended.
 	undo := context.WithoutCancel(ctx)
-	var target any
 	switch kind {
 	case FaultKillIngest, FaultKillWorker:
 		reps := r.ingest
@@ -168,11 +167,10 @@ SELECT pg_terminate_backend(pid) FROM (
 			return true, fmt.Errorf("remove toxic: %w", err)
 		}
 	case FaultSinkStall, FaultSinkReset, FaultSinkSlow, FaultSink500, FaultSink429, FaultSinkFlap:
-		target = r.sink
-		if !r.take(target) {
+		if !r.take(r.sink) {
 			return false, nil
 		}
-		defer r.release(target)
+		defer r.release(r.sink)
 		window := r.between(500*time.Millisecond, 1500*time.Millisecond)
 		if kind == FaultSinkFlap {
 			if err := r.sink.Flap(ctx, r.between(300*time.Millisecond, 1500*time.Millisecond)); err != nil && ctx.Err() == nil {

@@ -3,7 +3,6 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -16,8 +15,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 )
 
 // ErrNoServerBinaries reports a machine without PostgreSQL's server binaries (initdb, pg_ctl).
@@ -216,25 +213,3 @@ func (c *Cluster) Stop() error {
 }
 
 func (c *Cluster) remove() { _ = os.RemoveAll(c.dir) }
-
-// WaitReady polls until the server accepts a query or ctx ends.
-func (c *Cluster) WaitReady(ctx context.Context) error {
-	db, err := sql.Open("pgx", c.DSN("postgres"))
-	if err != nil {
-		return fmt.Errorf("open: %w", err)
-	}
-	defer db.Close()
-	for {
-		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := db.QueryRowContext(qctx, "SELECT 1").Scan(new(int))
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("cluster not ready: %w", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}

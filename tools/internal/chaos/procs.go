@@ -70,7 +70,6 @@ type Replica struct {
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	exitErr  error
-	starts   int
 
 	metricsURL string // scraped before each kill and stop, when set
 	counters   map[string]float64
@@ -153,7 +152,6 @@ func (r *Replica) Start(ctx context.Context, within time.Duration) error {
 	}
 	exited := make(chan struct{})
 	r.cmd, r.exited = cmd, exited
-	r.starts++
 	r.mu.Unlock()
 	go func() {
 		err := cmd.Wait()

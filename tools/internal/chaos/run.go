@@ -18,6 +18,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/rs/zerolog"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
