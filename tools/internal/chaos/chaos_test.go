@@ -22,7 +22,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// Toxiproxy v2.5.0: a toxic added to a link that is closing at that moment (its connection
+		// ended) leaves the new stub's goroutine blocked on a send nobody receives. A leak inside the
+		// library, a handful over hundreds of faults in the long run; our own goroutines stay checked.
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"))
 }
 
 // defaultDuration is the fault time of the default run, over all scenarios; CHAOS_DURATION (a Go
