@@ -5,12 +5,16 @@
 #   FUZZTIME=30000x   how long each fuzz target runs, in executions (0 skips the fuzz pass). A count,
 #                     not a duration: Go 1.26's coordinator can report a spurious "context deadline
 #                     exceeded" failure when a -fuzztime duration ends (golang/go#75804, fixed in 1.27).
+#   FUZZMINIMIZETIME=100x   how long each new corpus entry is minimized, in executions. Go's default is
+#                     60 s per entry, which for a target doing a database round trip per execution
+#                     (FuzzHTTP) costs far more than the executions themselves.
 #   MODULES="modules/envelope services/ingest-api"   restrict to some modules
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 fuzztime=${FUZZTIME:-30000x}
+minimizetime=${FUZZMINIMIZETIME:-100x}
 
 eval "$(scripts/pg.sh)"
 cleanup() { if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi; }
@@ -37,7 +41,7 @@ for dir in $dirs; do
 			targets=$(cd "$dir" && go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true)
 			for t in $targets; do
 				echo "--- fuzz $pkg $t ($fuzztime)"
-				(cd "$dir" && go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" "$pkg") ||
+				(cd "$dir" && go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimizetime" "$pkg") ||
 					failed+=("$rel ($t)")
 			done
 		done
