@@ -24,15 +24,17 @@ var grantMatrix = map[string]struct {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
 			"credentials":       "SELECT", "producer_keys": "SELECT",
-			"streams":          "SELECT,INSERT,UPDATE",
+			"streams":          "SELECT,INSERT",
 			"event_identities": "SELECT,INSERT", "inbound_payloads": "SELECT,INSERT",
 			"audit_events":       "INSERT",
 			"endpoints":          "SELECT",
-			"outbound_streams":   "SELECT,INSERT,UPDATE",
+			"outbound_streams":   "SELECT,INSERT",
 			"outbound_envelopes": "SELECT,INSERT", "outbox_messages": "SELECT,INSERT",
 		},
 		columns: map[string][]string{
-			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+			"outbox_messages":  {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+			"streams":          {"cursor", "updated_at"},
+			"outbound_streams": {"last_sequence", "updated_at"},
 		},
 	},
 	roleDelivery: {
@@ -55,16 +57,19 @@ var grantMatrix = map[string]struct {
 	roleOperator: {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
-			"credentials":       "SELECT,INSERT,UPDATE",
+			"credentials":       "SELECT,INSERT",
 			"producer_keys":     "SELECT,INSERT,UPDATE,DELETE",
-			"streams":           "SELECT,INSERT,UPDATE",
+			"streams":           "SELECT,INSERT",
 			"event_identities":  "SELECT",
 			"audit_events":      "SELECT,INSERT",
-			"endpoints":         "SELECT,INSERT,UPDATE",
+			"endpoints":         "SELECT,INSERT",
 			"outbox_messages":   "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+			"credentials":     {"revoked_at", "status"},
+			"streams":         {"cursor", "replay_floor", "updated_at"},
+			"endpoints":       {"disabled_reason", "state", "updated_at"},
 		},
 	},
 }
