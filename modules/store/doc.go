@@ -16,14 +16,31 @@
 //
 // # Transactions
 //
-// Ingest and IngestBatch send BEGIN, the stream lock (an upsert of the
-// stream row) and one statement per envelope that decides and writes as one
-// pgx pipeline, read every answer, and then send COMMIT: two round trips and
-// one commit, for one envelope or a whole batch. Under READ COMMITTED each
-// statement takes a fresh snapshot, so the decision, taken after the lock was
-// granted, sees everything the previous lock holder committed. The cursor
-// advance is computed in SQL. The server commits only on the client's COMMIT,
-// so a cancelled context or a killed session leaves nothing behind.
+// Ingest (and a batch of one envelope) sends BEGIN, the stream lock (an
+// upsert of the stream row) and decideSQL, one statement that decides and
+// writes, as one pgx pipeline, reads the answer, and then sends COMMIT: two
+// round trips and one commit. Under READ COMMITTED each statement takes a
+// fresh snapshot, so the decision, taken after the lock was granted, sees
+// everything the previous lock holder committed. The cursor advance is
+// computed in SQL.
+//
+// IngestBatch of more than one item decides set-based (ingest_set.go): BEGIN,
+// every stream lock in a fixed order, and two reads (stream states; what each
+// envelope is compared with) go out as one pipeline; the decisions are made
+// in Go in item order, mirroring decideSQL; one statement then writes every
+// identity, payload, cursor and audit row, pipelined with COMMIT. Per-envelope
+// statements cost ~0.2 ms of server CPU each; the set-based form does the
+// same index work in two statements. TestIngestBatchMatchesOneByOne holds the
+// two forms to the same answers and the same rows on random workloads.
+//
+// The server commits only on the client's COMMIT, so a cancelled context or a
+// killed session leaves nothing behind.
+//
+// An input may name the public key its signature was verified with
+// (IngestInput.VerifiedWith); the decision then also requires that key to be
+// active with that public key in the same transaction, else the answer is
+// OutcomeStale and nothing is written. This is what lets ingest-api cache
+// active keys without delaying a retirement, revocation or prune.
 //
 // The few races the stream lock does not cover (two streams of one project
 // writing the same event or idempotency key, deadlocks between batches) end

@@ -52,7 +52,18 @@
 // ingest, or the audit row of a refusal) with the committer, which commits
 // whatever concurrent requests queued meanwhile — across tenants and streams
 // — in one store.IngestBatch transaction and answers each request from its
-// own result. A failed transaction answers all of its requests 503.
+// own result. A failed transaction answers all of its requests 503. At most
+// GROUP_COMMIT_CONCURRENCY (default 2) transactions are in flight: fewer
+// flushes make larger groups, and a set-based batch costs PostgreSQL a fixed
+// few statements per transaction plus a little per envelope.
+//
+// Step 3 of a single post may take an active key from the replica's cache
+// (keys.go) instead of the database; the envelope then carries the public key
+// it was verified with, and the store decides it only if that key is still
+// active with that public key inside the ingest transaction. A stale answer
+// drops the entry and the request runs steps 2–6 again from a fresh lookup,
+// so retirement, revocation and prune take effect for every envelope
+// committed after them. The batch route looks its keys up per request.
 //
 // # Stream routes
 //
