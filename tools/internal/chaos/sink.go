@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -59,6 +60,9 @@ type Sink struct {
 	served   chan struct{}
 	receipts map[string][]Receipt
 	rnd      *rand.Rand
+	closed   bool
+	quit     chan struct{} // closed by Close: held requests end
+	handlers sync.WaitGroup
 }
 
 // NewSink starts a sink on a loopback port; secret is the HMAC key of the endpoint.
@@ -72,7 +76,7 @@ func NewSink(secret []byte) (*Sink, error) {
 		return nil, fmt.Errorf("sink listen: %w", err)
 	}
 	s := &Sink{addr: l.Addr().String(), verify: v, receipts: map[string][]Receipt{},
-		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), quit: make(chan struct{})}
 	s.serve(l)
 	return s, nil
 }
@@ -126,13 +130,16 @@ func (s *Sink) Flap(ctx context.Context, down time.Duration) error {
 	return ctx.Err()
 }
 
-// Close stops the sink and every connection.
+// Close stops the sink and every connection, and waits for the requests it was holding.
 func (s *Sink) Close() {
 	s.mu.Lock()
 	srv, served := s.srv, s.served
+	s.closed = true
 	s.mu.Unlock()
 	_ = srv.Close()
 	<-served
+	close(s.quit)
+	s.handlers.Wait()
 }
 
 // Receipts returns a copy of every receipt so far, by message id, in arrival order.
@@ -161,6 +168,12 @@ func (r *statusRecorder) WriteHeader(code int) {
 func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := Receipt{MessageID: r.Header.Get("webhook-id"), Arrived: time.Now()}
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.handlers.Add(1)
+	defer s.handlers.Done()
 	mode := s.mode
 	if mode != SinkHealthy && s.rnd.IntN(2) == 0 {
 		mode = SinkHealthy
@@ -170,8 +183,11 @@ func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	switch mode {
 	case SinkStall:
+		// Read the body first: only then does the request's context end when the worker hangs up.
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, webhooksink.MaxBody))
 		select {
 		case <-r.Context().Done():
+		case <-s.quit:
 		case <-time.After(10 * time.Second):
 		}
 		rc.Answer = "stall"
@@ -199,6 +215,8 @@ func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			select {
 			case <-r.Context().Done():
 				rc.Answer = "aborted" // the worker gave up first: it never saw an answer
+			case <-s.quit:
+				rc.Answer = "aborted"
 			case <-time.After(slow):
 			}
 			if rc.Answer != "" {
