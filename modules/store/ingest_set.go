@@ -38,27 +38,29 @@ JOIN streams st ON st.tenant_id = s.t AND st.project_id = s.p AND st.producer_id
 
 // lookupSQL reads, for each envelope, what step 5 compares it with: the
 // content digest stored under its event identity and under its idempotency
-// digest, whether its stream already holds its sequence, and whether the key
-// it was verified with (IngestInput.VerifiedWith, NULL when not given) is no
-// longer active with that public key. Rows come back only where something
-// was found; most envelopes are new.
+// digest, and whether the key it was verified with (IngestInput.VerifiedWith,
+// NULL when not given) is no longer active with that public key. Rows come
+// back only where something was found; most envelopes are new.
 //
-//	$1 tenants  $2 event identities  $3 idempotency digests  $4 projects
-//	$5 producers  $6 sequences  $7 key ids  $8 verified-with keys (one entry per envelope)
+// Whether the stream holds the envelope's sequence needs no lookup: every
+// sequence in (floor, cursor] is held (the cursor is the contiguous run of
+// retained sequences above the floor, and `envctl verify` checks it), and
+// streamStateSQL read every one above the cursor. Were that invariant broken,
+// the sequence's unique index would still refuse the write.
+//
+//	$1 tenants  $2 event identities  $3 idempotency digests  $4 key ids
+//	$5 verified-with keys (one entry per envelope)
 const lookupSQL = `
-SELECT x.i, ev.content_digest, idem.content_digest, sq.sequence IS NOT NULL, x.stale
+SELECT x.i, ev.content_digest, idem.content_digest, x.stale
 FROM (
     SELECT u.*, u.vk IS NOT NULL AND NOT EXISTS (
                SELECT FROM producer_keys pk
                WHERE pk.tenant_id = u.t AND pk.key_id = u.kid AND pk.state = 'active' AND pk.public_key = u.vk) AS stale
-    FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bytea[])
-         WITH ORDINALITY AS u(t, e, k, p, d, s, kid, vk, i)
+    FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::bytea[]) WITH ORDINALITY AS u(t, e, k, kid, vk, i)
 ) x
 LEFT JOIN event_identities ev ON ev.tenant_id = x.t AND ev.event_identity = x.e
 LEFT JOIN event_identities idem ON idem.tenant_id = x.t AND idem.idempotency_digest = x.k
-LEFT JOIN event_identities sq ON sq.tenant_id = x.t AND sq.project_id = x.p AND sq.producer_id = x.d
-                              AND sq.sequence = x.s
-WHERE x.stale OR ev.tenant_id IS NOT NULL OR idem.tenant_id IS NOT NULL OR sq.tenant_id IS NOT NULL`
+WHERE x.stale OR ev.tenant_id IS NOT NULL OR idem.tenant_id IS NOT NULL`
 
 // writeSQL commits the decisions: every accepted identity and payload, every
 // stream's new cursor, and one audit row per item in item order (audit ids
@@ -110,8 +112,7 @@ type streamState struct {
 // found is what lookupSQL found for one envelope.
 type found struct {
 	byEvent, byIdem []byte // content digests; nil when absent
-	seqHeld         bool
-	stale           bool // the key check of IngestInput.VerifiedWith failed
+	stale           bool   // the key check of IngestInput.VerifiedWith failed
 }
 
 // setBatch is one set-based batch: its items, its streams in lock order, and
@@ -156,17 +157,15 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 		}
 	}
 	tenants, evs, idems := make([]string, 0, n), make([][]byte, 0, n), make([][]byte, 0, n)
-	projects, producers, seqs := make([]string, 0, n), make([]string, 0, n), make([]int64, 0, n)
 	keyIDs, verified := make([]string, 0, n), make([][]byte, 0, n)
 	for _, p := range b.ps {
 		if p.in == nil {
 			continue
 		}
 		tenants, evs, idems = append(tenants, p.actor.TenantID), append(evs, p.ev), append(idems, p.in.IdempotencyDigest[:])
-		projects, producers, seqs = append(projects, p.in.ProjectID), append(producers, p.in.ProducerID), append(seqs, p.in.Sequence)
 		keyIDs, verified = append(keyIDs, p.in.KeyID), append(verified, p.in.VerifiedWith) // nil is NULL
 	}
-	q.Queue(lookupSQL, tenants, evs, idems, projects, producers, seqs, keyIDs, verified)
+	q.Queue(lookupSQL, tenants, evs, idems, keyIDs, verified)
 }
 
 // readState collects the reads queued by queueReads.
@@ -218,7 +217,7 @@ func (b *setBatch) readState(br pgx.BatchResults) (map[streamKey]*streamState, [
 	for rows.Next() {
 		var i int
 		var f found
-		if err := rows.Scan(&i, &f.byEvent, &f.byIdem, &f.seqHeld, &f.stale); err != nil {
+		if err := rows.Scan(&i, &f.byEvent, &f.byIdem, &f.stale); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
@@ -279,7 +278,7 @@ func (b *setBatch) decide(states map[streamKey]*streamState, fs []found) ([]Resu
 			verdict = pick(c == in.ContentDigest, string(OutcomeDuplicate), ReasonIdempotencyConflict)
 		} else if in.Sequence <= st.floor {
 			verdict = ReasonBelowReplayFloor
-		} else if f.seqHeld || st.held[in.Sequence] {
+		} else if in.Sequence <= st.cursor || st.held[in.Sequence] {
 			verdict = ReasonSequenceConflict
 		} else if in.Sequence > st.cursor+maxAhead {
 			verdict = ReasonSequenceTooFarAhead
