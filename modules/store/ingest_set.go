@@ -115,8 +115,8 @@ type found struct {
 	stale           bool   // the key check of IngestInput.VerifiedWith failed
 }
 
-// setBatch is one set-based batch: its items, its streams in lock order, and
-// the arguments of the statements that read and write them.
+// setBatch is one set-based batch: its items and their distinct streams
+// (in first-seen order; lockStreamsSQL locks them in a fixed order).
 type setBatch struct {
 	ps      []prepared
 	streams []streamKey

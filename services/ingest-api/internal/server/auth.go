@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -36,54 +35,13 @@ func bearerToken(h string) (string, bool) {
 // config), so a revoked credential stops working within ttl. It is keyed by
 // SHA-256 of the token: the token itself is never kept. Failures are never
 // cached, so a newly issued credential works at once.
-type credentialCache struct {
-	ttl time.Duration
-	now func() time.Time
+type credentialCache = ttlCache[[32]byte, store.Identity]
 
-	mu      sync.Mutex
-	entries map[[32]byte]cachedIdentity
-}
-
-type cachedIdentity struct {
-	id      store.Identity
-	expires time.Time
-}
-
-// maxCachedCredentials bounds memory; on overflow the cache starts over,
-// which costs one database round trip per device and nothing else.
+// maxCachedCredentials bounds memory.
 const maxCachedCredentials = 100_000
 
 func newCredentialCache(ttl time.Duration, now func() time.Time) *credentialCache {
-	return &credentialCache{ttl: ttl, now: now, entries: make(map[[32]byte]cachedIdentity)}
-}
-
-func (c *credentialCache) get(k [32]byte) (store.Identity, bool) {
-	if c.ttl <= 0 {
-		return store.Identity{}, false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.entries[k]
-	if !ok {
-		return store.Identity{}, false
-	}
-	if !c.now().Before(e.expires) {
-		delete(c.entries, k)
-		return store.Identity{}, false
-	}
-	return e.id, true
-}
-
-func (c *credentialCache) put(k [32]byte, id store.Identity) {
-	if c.ttl <= 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.entries) >= maxCachedCredentials {
-		clear(c.entries)
-	}
-	c.entries[k] = cachedIdentity{id: id, expires: c.now().Add(c.ttl)}
+	return newTTLCache[[32]byte, store.Identity](ttl, maxCachedCredentials, now)
 }
 
 // authenticate turns the Authorization header into a verified identity:

@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/ed25519"
-	"sync"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -21,64 +20,38 @@ import (
 // rules and are looked up every time), and unknown keys never are, so a key
 // added a moment ago works at once.
 type activeKeys struct {
-	ttl time.Duration
-	now func() time.Time
-
-	mu      sync.Mutex
-	entries map[activeKeyID]activeKey
+	c *ttlCache[activeKeyID, ed25519.PublicKey]
 }
 
 type activeKeyID struct{ tenant, keyID string }
-
-type activeKey struct {
-	pub     ed25519.PublicKey
-	expires time.Time
-}
 
 const (
 	// activeKeyTTL bounds how long an entry lives without being refreshed;
 	// correctness does not depend on it (see activeKeys).
 	activeKeyTTL = time.Minute
-	// maxActiveKeys bounds memory; on overflow the cache starts over.
+	// maxActiveKeys bounds memory.
 	maxActiveKeys = 100_000
 )
 
 func newActiveKeys(now func() time.Time) *activeKeys {
-	return &activeKeys{ttl: activeKeyTTL, now: now, entries: make(map[activeKeyID]activeKey)}
+	return &activeKeys{c: newTTLCache[activeKeyID, ed25519.PublicKey](activeKeyTTL, maxActiveKeys, now)}
 }
 
 // get returns the key as an active store.Key when cached and fresh.
-func (c *activeKeys) get(tenant, keyID string) (store.Key, bool) {
-	id := activeKeyID{tenant, keyID}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.entries[id]
+func (k *activeKeys) get(tenant, keyID string) (store.Key, bool) {
+	pub, ok := k.c.get(activeKeyID{tenant, keyID})
 	if !ok {
 		return store.Key{}, false
 	}
-	if !c.now().Before(e.expires) {
-		delete(c.entries, id)
-		return store.Key{}, false
-	}
-	return store.Key{TenantID: tenant, KeyID: keyID, PublicKey: e.pub, State: store.KeyActive}, true
+	return store.Key{TenantID: tenant, KeyID: keyID, PublicKey: pub, State: store.KeyActive}, true
 }
 
-// put remembers k if it is active.
-func (c *activeKeys) put(k store.Key) {
-	if k.State != store.KeyActive {
-		return
+// put remembers key if it is active.
+func (k *activeKeys) put(key store.Key) {
+	if key.State == store.KeyActive {
+		k.c.put(activeKeyID{key.TenantID, key.KeyID}, key.PublicKey)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.entries) >= maxActiveKeys {
-		clear(c.entries)
-	}
-	c.entries[activeKeyID{k.TenantID, k.KeyID}] = activeKey{pub: k.PublicKey, expires: c.now().Add(c.ttl)}
 }
 
 // drop forgets a key the store found no longer active.
-func (c *activeKeys) drop(tenant, keyID string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.entries, activeKeyID{tenant, keyID})
-}
+func (k *activeKeys) drop(tenant, keyID string) { k.c.drop(activeKeyID{tenant, keyID}) }

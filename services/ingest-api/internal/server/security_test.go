@@ -153,7 +153,7 @@ func TestCredentialCacheHoldsNoToken(t *testing.T) {
 	}
 	// The entry type holds strings of the identity only: no field could
 	// carry the token or its digest.
-	for _, typ := range []reflect.Type{reflect.TypeFor[cachedIdentity](), reflect.TypeFor[store.Identity]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[ttlEntry[store.Identity]](), reflect.TypeFor[store.Identity]()} {
 		for i := range typ.NumField() {
 			name := strings.ToLower(typ.Field(i).Name)
 			if strings.Contains(name, "token") || strings.Contains(name, "digest") || strings.Contains(name, "secret") {
