@@ -125,6 +125,8 @@ psql_admin -c "INSERT INTO producer_keys (tenant_id, key_id, public_key, state, 
 next_seq=1
 # seed_expired N: N more identities of stream (bench-expired, p-expired, d-expired), each with an expired
 # payload of about jbytes bytes; expires_at is spread over a few minutes, a day ago, as a real backlog is.
+# Each payload is shaped like a signed envelope (hex ids, an 86-character signature, telemetry readings
+# with random values), not padding: how well its pages compress is part of what WAL a delete writes.
 seed_expired() {
 	local from=$next_seq to=$((next_seq + $1 - 1))
 	psql_admin -v from="$from" -v to="$to" -v bytes="$jbytes" <<'SQL' || die "seeding expired payloads failed"
@@ -134,9 +136,19 @@ INSERT INTO event_identities
 SELECT 'bench-expired', sha256(('e' || i)::bytea), 'p-expired', 'd-expired', i, sha256(('i' || i)::bytea),
 	sha256(('c' || i)::bytea), 'k-expired', now() - interval '100 days', now() - interval '100 days'
 FROM generate_series(:from::bigint, :to::bigint) AS i;
+-- Fresh statistics before the payloads' foreign-key checks are planned: on a new table they would
+-- otherwise scan every identity for every payload.
+ANALYZE event_identities;
 INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
 SELECT 'bench-expired', sha256(('e' || i)::bytea),
-	convert_to(rpad('{"sequence":' || i || ',"payload":"', :bytes - 2, 'x') || '"}', 'UTF8'),
+	convert_to(left(format('{"event_id":"%s","idempotency_key":"%s","issued_at":"2026-08-01T00:00:%s.000Z",'
+		'"key_id":"k-expired","metadata":{"kind":"telemetry.batch"},"payload":{"readings":[%s]},'
+		'"producer_id":"d-expired","project_id":"p-expired","schema_version":1,"sequence":%s,'
+		'"signature":"%s","tenant_id":"bench-expired"}',
+		md5('e' || i), md5('i' || i), lpad((i % 60)::text, 2, '0'),
+		(SELECT string_agg(format('{"t":%s,"v":%s}', 1754006400 + i * 60 + k, round(random()::numeric, 4)), ',')
+		 FROM generate_series(1, greatest(1, (:bytes - 420) / 27)) AS k),
+		i, translate(encode(sha512(('s' || i)::bytea), 'base64'), E'\n=', '')), :bytes), 'UTF8'),
 	now() - interval '1 day' + make_interval(secs => (i % 300000) / 1000.0)
 FROM generate_series(:from::bigint, :to::bigint) AS i;
 INSERT INTO streams (tenant_id, project_id, producer_id, cursor) VALUES ('bench-expired', 'p-expired', 'd-expired', :to)
