@@ -53,10 +53,9 @@ JOIN streams st ON st.tenant_id = s.t AND st.project_id = s.p AND st.producer_id
 const lookupSQL = `
 SELECT x.i, ev.content_digest, idem.content_digest, x.stale
 FROM (
-    SELECT u.*, u.vk IS NOT NULL AND NOT EXISTS (
-               SELECT FROM producer_keys pk
-               WHERE pk.tenant_id = u.t AND pk.key_id = u.kid AND pk.state = 'active' AND pk.public_key = u.vk) AS stale
+    SELECT u.*, u.vk IS NOT NULL AND (pk.key_id IS NULL OR pk.state <> 'active' OR pk.public_key <> u.vk) AS stale
     FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::bytea[]) WITH ORDINALITY AS u(t, e, k, kid, vk, i)
+    LEFT JOIN producer_keys pk ON u.vk IS NOT NULL AND pk.tenant_id = u.t AND pk.key_id = u.kid
 ) x
 LEFT JOIN event_identities ev ON ev.tenant_id = x.t AND ev.event_identity = x.e
 LEFT JOIN event_identities idem ON idem.tenant_id = x.t AND idem.idempotency_digest = x.k
