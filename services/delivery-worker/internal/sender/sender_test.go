@@ -15,7 +15,6 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
 )
@@ -328,52 +327,11 @@ func TestBlockedAddresses(t *testing.T) {
 }
 
 // fakeDNS is a resolver answering every A query with addr, so a public-looking
-// name can be made to resolve to loopback.
+// name can be made to resolve to loopback (dnsServer in ssrf_test.go).
 func fakeDNS(addr netip.Addr) *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		client, server := net.Pipe()
-		go serveDNS(server, addr)
-		return client, nil
-	}}
-}
-
-// serveDNS answers TCP-framed queries (net.Pipe is not a PacketConn, so the
-// Go resolver uses stream framing).
-func serveDNS(c net.Conn, addr netip.Addr) {
-	defer c.Close()
-	for {
-		var l [2]byte
-		if _, err := readFull(c, l[:]); err != nil {
-			return
-		}
-		q := make([]byte, int(l[0])<<8|int(l[1]))
-		if _, err := readFull(c, q); err != nil {
-			return
-		}
-		var p dnsmessage.Parser
-		h, err := p.Start(q)
-		if err != nil {
-			return
-		}
-		question, err := p.Question()
-		if err != nil {
-			return
-		}
-		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
-		_ = b.StartQuestions()
-		_ = b.Question(question)
-		_ = b.StartAnswers()
-		if question.Type == dnsmessage.TypeA {
-			_ = b.AResource(dnsmessage.ResourceHeader{Name: question.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: addr.As4()})
-		}
-		msg, err := b.Finish()
-		if err != nil {
-			return
-		}
-		if _, err := c.Write(append([]byte{byte(len(msg) >> 8), byte(len(msg))}, msg...)); err != nil {
-			return
-		}
-	}
+	d := &dnsServer{}
+	d.set(answers(addr.String()))
+	return d.resolver()
 }
 
 func readFull(c net.Conn, b []byte) (int, error) {
