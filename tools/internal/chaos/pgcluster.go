@@ -88,15 +88,6 @@ func owner() (*syscall.Credential, error) {
 	return nil, errors.New("chaos: running as root and neither user postgres nor nobody exists")
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // StartCluster runs initdb into a new temporary directory and starts the server on a free loopback
 // port with trust authentication. fsync is off (the machine does not crash, processes do: a killed
 // server's WAL is in the page cache); synchronous_commit stays on, so an acknowledged commit survives

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -256,13 +255,3 @@ func (r *Replica) Stop(grace time.Duration) error {
 
 // Logs is the tail of the replica's output over all its starts.
 func (r *Replica) Logs() string { return r.logs.String() }
-
-// freeAddr returns a loopback address nothing listens on right now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("free address: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}

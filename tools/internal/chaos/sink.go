@@ -71,7 +71,11 @@ func NewSink(secret []byte) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("verifying sink: %w", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, fmt.Errorf("sink address: %w", err)
+	}
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("sink listen: %w", err)
 	}
