@@ -14,7 +14,8 @@
 #   BENCH_JANITOR_ROWS=100000   expired payload rows seeded before every round
 #   BENCH_JANITOR_ENVELOPE_BYTES=1000   size of each seeded (expired) envelope
 #   BENCH_JANITOR_DELAY=1       seconds between ingest's first request and the janitor's start
-#   BENCH_JANITOR_BATCH=1000    the janitor's JANITOR_BATCH_SIZE (1-1000)
+#   BENCH_JANITOR_BATCH=        the janitor's JANITOR_BATCH_SIZE (1-1000; unset: its default)
+#   BENCH_JANITOR_RATE=         the janitor's JANITOR_MAX_ROWS_PER_SECOND (unset: its default; 0: no cap)
 #   BENCH_KEEP_DB=1             keep the envelopeworker_bench_janitor database (dropped by default)
 #
 # It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench_janitor, migrates it,
@@ -41,8 +42,16 @@ payload=${BENCH_PAYLOAD_BYTES:-600}
 jrows=${BENCH_JANITOR_ROWS:-100000}
 jbytes=${BENCH_JANITOR_ENVELOPE_BYTES:-1000}
 jdelay=${BENCH_JANITOR_DELAY:-1}
-jbatch=${BENCH_JANITOR_BATCH:-1000}
-for v in rounds seconds rate producers payload jrows jbytes jdelay jbatch; do
+# Unset janitor settings are left to the janitor's own defaults, so the figures are the shipped ones.
+jbatch=${BENCH_JANITOR_BATCH-}
+jrate=${BENCH_JANITOR_RATE-}
+janitor_env=()
+if [ -n "$jbatch" ]; then janitor_env+=("JANITOR_BATCH_SIZE=$jbatch"); fi
+if [ -n "$jrate" ]; then janitor_env+=("JANITOR_MAX_ROWS_PER_SECOND=$jrate"); fi
+for v in jbatch jrate; do
+	case "${!v}" in *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
+done
+for v in rounds seconds rate producers payload jrows jbytes jdelay; do
 	case "${!v}" in '' | *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
 done
 [ "$rounds" -ge 1 ] && [ "$seconds" -ge 1 ] && [ "$rate" -ge 1 ] && [ "$producers" -ge 1 ] && [ "$jrows" -ge 1 ] ||
@@ -240,7 +249,7 @@ run_with_janitor() {
 	[ -n "$t_ing" ] || { ingest_wait "$work/b$r.json"; die "ingest never started in round $r"; }
 	sleep "$jdelay"
 	t_js=$(now)
-	DATABASE_URL="$janitor_dsn" JANITOR_TIMEOUT=5m JANITOR_BATCH_SIZE="$jbatch" LOG_LEVEL=info \
+	env DATABASE_URL="$janitor_dsn" JANITOR_TIMEOUT=5m LOG_LEVEL=info "${janitor_env[@]}" \
 		timeout 330 "$bindir/retention-janitor" >"$work/janitor$r.log" 2>&1 &
 	janitor_pid=$!
 	wait "$janitor_pid" || jrc=$?
@@ -293,10 +302,12 @@ for r in $(seq 1 "$rounds"); do
 	settle
 done
 
+# The settings the janitor ran with, as its summary line reports them.
+jsum=$(grep -h '"msg":"retention summary"' "$work"/janitor*.log 2>/dev/null | tail -n 1 || true)
 echo
 echo "retention-janitor vs concurrent ingest ($(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds; ingest ${rate} env/s," \
 	"$producers producers, single route, ${seconds}s, payload ${payload} B; janitor $jrows rows of ${jbytes} B," \
-	"batch $jbatch, as $janitor_as; load average at start $load_start, at end $(loadavg))"
+	"batch $(field "$jsum" batch_size), at most $(field "$jsum" max_rows_per_second) rows/s (0: no cap), as $janitor_as; load average at start $load_start, at end $(loadavg))"
 printf '%s\n' "${rows[@]}"
 # The verdict uses medians: one run that a neighbour's burst of load hits must not decide it either way.
 awk -v b="${base_p99[*]}" -v j="${jan_p99[*]}" -v rps="${jan_rps[*]}" '

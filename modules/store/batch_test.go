@@ -177,3 +177,55 @@ func TestIngestBatchDuplicatesInside(t *testing.T) {
 		}
 	}
 }
+
+// IngestBatchCommitting calls its hook exactly once, when only the commit is
+// left: nothing is visible yet, and everything is once it returns.
+func TestIngestBatchCommitting(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a := actor("t1", "d1")
+
+	// One envelope: the hook runs before COMMIT is sent, so another session
+	// sees nothing yet.
+	in1 := ev("e1", 1).input()
+	calls := 0
+	var seen [4]int
+	rs, err := f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in1}}, func() {
+		calls++
+		seen = f.tableCounts()
+	})
+	if err != nil || rs[0].Outcome != store.OutcomeAccepted {
+		t.Fatalf("single: %+v, %v", rs, err)
+	}
+	if calls != 1 || seen != [4]int{} {
+		t.Fatalf("single: hook called %d times, saw %v before the commit; want once, nothing", calls, seen)
+	}
+	if c := f.tableCounts(); c != [4]int{1, 1, 1, 1} {
+		t.Fatalf("single: after return %v", c)
+	}
+
+	// A set-based batch: the hook runs once, everything is committed on return.
+	in2, in3 := ev("e2", 2).input(), ev("e3", 3).input()
+	calls = 0
+	rs, err = f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in2}, {Actor: a, Ingest: &in3}}, func() { calls++ })
+	if err != nil || rs[0].Outcome != store.OutcomeAccepted || rs[1].Outcome != store.OutcomeAccepted {
+		t.Fatalf("batch: %+v, %v", rs, err)
+	}
+	if calls != 1 {
+		t.Fatalf("batch: hook called %d times", calls)
+	}
+	if c := f.tableCounts(); c != [4]int{3, 3, 3, 3} {
+		t.Fatalf("batch: after return %v", c)
+	}
+
+	// A failure before any database work still calls it, once.
+	bad := ev("e4", 4).input()
+	bad.Sequence = 0
+	calls = 0
+	if _, err := f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &bad}}, func() { calls++ }); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("invalid: %v", err)
+	}
+	if calls != 1 {
+		t.Fatalf("invalid: hook called %d times", calls)
+	}
+}

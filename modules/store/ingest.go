@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -264,7 +265,7 @@ func (p prepared) read(br pgx.BatchResults) (Result, error) {
 // only if the connection breaks after COMMIT was sent may the work have
 // committed anyway (a lost acknowledgement), and a retry answers duplicate.
 func (s *Store) Ingest(ctx context.Context, a Actor, in IngestInput) (Result, error) {
-	rs, err := s.ingestBatch(ctx, "ingest", []BatchItem{{Actor: a, Ingest: &in}})
+	rs, err := s.ingestBatch(ctx, "ingest", []BatchItem{{Actor: a, Ingest: &in}}, nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -290,10 +291,25 @@ func (s *Store) Audit(ctx context.Context, a Actor, e AuditEntry) error {
 // (see Ingest for the one ambiguous case). An invalid item fails the whole
 // batch with ErrInvalid before any database work.
 func (s *Store) IngestBatch(ctx context.Context, items []BatchItem) ([]Result, error) {
-	return s.ingestBatch(ctx, "ingest batch", items)
+	return s.ingestBatch(ctx, "ingest batch", items, nil)
 }
 
-func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) ([]Result, error) {
+// IngestBatchCommitting is IngestBatch that calls committing once every
+// decision is made and only the transaction's commit (its last write, COMMIT
+// and the WAL flush) is left, or, if it fails sooner, before it returns.
+// committing is called exactly once. A group committer uses it to decide the
+// next group while this one waits for its flush: PostgreSQL flushes the
+// commits that wait together, so the flush is shared instead of queued.
+func (s *Store) IngestBatchCommitting(ctx context.Context, items []BatchItem, committing func()) ([]Result, error) {
+	var once sync.Once
+	signal := func() { once.Do(committing) }
+	defer signal()
+	return s.ingestBatch(ctx, "ingest batch", items, signal)
+}
+
+// ingestBatch runs items; committing, when not nil, is called when only the
+// commit is left (it may be called again by a rerun; callers make it idempotent).
+func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem, committing func()) ([]Result, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -315,9 +331,9 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 	}
 	run := func(c *pgx.Conn) ([]Result, error) {
 		if len(ps) == 1 && ps[0].in != nil {
-			return runSingle(ctx, c, ps[0])
+			return runSingle(ctx, c, ps[0], committing)
 		}
-		return runSetBatch(ctx, c, newSetBatch(ps))
+		return runSetBatch(ctx, c, newSetBatch(ps), committing)
 	}
 
 	var results []Result
@@ -348,7 +364,7 @@ func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem) (
 // commits nothing unless that COMMIT arrives: a caller that gives up
 // (cancelled context) or a session that dies before it leaves no trace.
 // Every path leaves the connection idle, or marks it bad so the pool drops it.
-func runSingle(ctx context.Context, c *pgx.Conn, p prepared) (_ []Result, err error) {
+func runSingle(ctx context.Context, c *pgx.Conn, p prepared, committing func()) (_ []Result, err error) {
 	defer func() {
 		if err != nil {
 			err = releaseAfterError(ctx, c, err)
@@ -377,6 +393,9 @@ func runSingle(ctx context.Context, c *pgx.Conn, p prepared) (_ []Result, err er
 	// nothing committed rather than an answer it will not read.
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if committing != nil {
+		committing()
 	}
 	tag, err := c.Exec(ctx, "COMMIT")
 	if err != nil {

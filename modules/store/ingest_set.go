@@ -399,7 +399,7 @@ const genericPlansSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
 // decides, then sends the write and COMMIT as a second. As in runBatch, the
 // server commits nothing unless COMMIT arrives, and a caller that gave up
 // before the second round trip leaves no trace.
-func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch) (_ []Result, err error) {
+func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func()) (_ []Result, err error) {
 	defer func() {
 		if err != nil {
 			err = releaseAfterError(ctx, c, err)
@@ -434,6 +434,9 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch) (_ []Result, err
 	q.Queue(writeSQL, args...)
 	q.Queue("COMMIT")
 	br = c.SendBatch(ctx, q)
+	if committing != nil {
+		committing()
+	}
 	_, err = br.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {

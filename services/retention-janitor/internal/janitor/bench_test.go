@@ -27,7 +27,7 @@ func BenchmarkDeleteExpired100k(b *testing.B) {
 		f.exec(b, `VACUUM ANALYZE inbound_payloads`)
 		b.StartTimer()
 		start := time.Now()
-		sum, err := Sweep(context.Background(), st, time.Now(), 1000)
+		sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: 1000})
 		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -18,7 +18,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 1000, PushTimeout: 10 * time.Second, LogLevel: "info"}
+	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 100, MaxRowsPerSecond: 10_000, PushTimeout: 10 * time.Second, LogLevel: "info"}
 	if c != want {
 		t.Fatalf("config = %+v, want %+v", c, want)
 	}
@@ -26,27 +26,28 @@ func TestLoadConfigDefaults(t *testing.T) {
 
 func TestLoadConfigEnvAndFlags(t *testing.T) {
 	env := envOf(map[string]string{
-		"DATABASE_URL":        "postgres://env@db/x",
-		"JANITOR_TIMEOUT":     "90s",
-		"JANITOR_BATCH_SIZE":  "250",
-		"PUSHGATEWAY_URL":     "http://pushgateway:9091",
-		"PUSHGATEWAY_TIMEOUT": "3s",
-		"LOG_LEVEL":           "warn",
+		"DATABASE_URL":                "postgres://env@db/x",
+		"JANITOR_TIMEOUT":             "90s",
+		"JANITOR_BATCH_SIZE":          "250",
+		"JANITOR_MAX_ROWS_PER_SECOND": "2500",
+		"PUSHGATEWAY_URL":             "http://pushgateway:9091",
+		"PUSHGATEWAY_TIMEOUT":         "3s",
+		"LOG_LEVEL":                   "warn",
 	})
 	c, err := LoadConfig(nil, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, MaxRowsPerSecond: 2_500, PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("env config = %+v, want %+v", c, want)
 	}
 	// A flag wins over its environment variable; both dash forms work.
-	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
+	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-max-rows-per-second", "0", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, MaxRowsPerSecond: 0, PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("flag config = %+v, want %+v", c, want)
 	}
@@ -59,7 +60,7 @@ func TestLoadConfigHelpListsEverySetting(t *testing.T) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
 	for _, name := range []string{"-database-url", "-janitor-timeout", "-janitor-batch-size", "-pushgateway-url", "-pushgateway-timeout", "-log-level",
-		"DATABASE_URL", "JANITOR_TIMEOUT", "JANITOR_BATCH_SIZE", "PUSHGATEWAY_URL"} {
+		"DATABASE_URL", "JANITOR_TIMEOUT", "JANITOR_BATCH_SIZE", "JANITOR_MAX_ROWS_PER_SECOND", "PUSHGATEWAY_URL"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h output lacks %q:\n%s", name, out.String())
 		}
@@ -88,6 +89,9 @@ func TestLoadConfigRefusals(t *testing.T) {
 		{"batch zero", map[string]string{"JANITOR_BATCH_SIZE": "0"}, nil, "JANITOR_BATCH_SIZE"},
 		{"batch above contract", map[string]string{"JANITOR_BATCH_SIZE": "1001"}, nil, "JANITOR_BATCH_SIZE"},
 		{"batch not a number", nil, []string{"--janitor-batch-size", "many"}, "JANITOR_BATCH_SIZE"},
+		{"rate negative", map[string]string{"JANITOR_MAX_ROWS_PER_SECOND": "-1"}, nil, "JANITOR_MAX_ROWS_PER_SECOND"},
+		{"rate not a number", nil, []string{"--janitor-max-rows-per-second", "fast"}, "JANITOR_MAX_ROWS_PER_SECOND"},
+		{"rate too high", map[string]string{"JANITOR_MAX_ROWS_PER_SECOND": "1000001"}, nil, "JANITOR_MAX_ROWS_PER_SECOND"},
 		{"pushgateway scheme", map[string]string{"PUSHGATEWAY_URL": "ftp://u:pw-push@gw"}, nil, "PUSHGATEWAY_URL"},
 		{"pushgateway no host", map[string]string{"PUSHGATEWAY_URL": "http://"}, nil, "PUSHGATEWAY_URL"},
 		{"push timeout", map[string]string{"PUSHGATEWAY_TIMEOUT": "soon"}, nil, "PUSHGATEWAY_TIMEOUT"},

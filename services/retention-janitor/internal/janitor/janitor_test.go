@@ -21,7 +21,7 @@ func TestSweepDeletesExactlyTheExpiredInBoundedBatches(t *testing.T) {
 	st := storetest.Open(t, f.janitorDSN)
 
 	rec := &recorder{Deleter: st}
-	sum, err := Sweep(context.Background(), rec, time.Now(), 1000)
+	sum, err := Sweep(context.Background(), rec, time.Now(), Pace{Batch: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +57,14 @@ func TestSweepSmallBatchesAndNothingDue(t *testing.T) {
 	st := storetest.Open(t, f.janitorDSN)
 
 	// An empty table: one probe, nothing deleted.
-	sum, err := Sweep(context.Background(), st, time.Now(), 1000)
+	sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: 1000})
 	if err != nil || sum != (Summary{StoppedBy: StoppedDone}) {
 		t.Fatalf("empty sweep = %+v, %v", sum, err)
 	}
 
 	f.seed(t, 1, 1_050, 1_000)
 	rec := &recorder{Deleter: st}
-	sum, err = Sweep(context.Background(), rec, time.Now(), 300)
+	sum, err = Sweep(context.Background(), rec, time.Now(), Pace{Batch: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestSweepSmallBatchesAndNothingDue(t *testing.T) {
 		t.Fatalf("batch sizes = %v, want %v", rec.sizes, want)
 	}
 	// The cutoff is the run's start: payloads still live at that instant stay.
-	sum, err = Sweep(context.Background(), st, time.Now().Add(-48*time.Hour), 1000)
+	sum, err = Sweep(context.Background(), st, time.Now().Add(-48*time.Hour), Pace{Batch: 1000})
 	if err != nil || sum.RowsDeleted != 0 {
 		t.Fatalf("sweep with an old cutoff = %+v, %v", sum, err)
 	}
@@ -90,7 +90,7 @@ func TestSweepRefusesBatchOutsideContract(t *testing.T) {
 	f.seed(t, 1, 10, 10)
 	st := storetest.Open(t, f.janitorDSN)
 	for _, batch := range []int{0, -1, 1001} {
-		sum, err := Sweep(context.Background(), st, time.Now(), batch)
+		sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: batch})
 		if err == nil || sum.StoppedBy != StoppedError || sum.RowsDeleted != 0 {
 			t.Fatalf("batch %d: summary %+v, err %v; want an error", batch, sum, err)
 		}
@@ -117,7 +117,7 @@ func TestTwoSweepsAtOnceDeleteEachRowOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			sums[i], errs[i] = Sweep(context.Background(), stores[i], time.Now(), 1000)
+			sums[i], errs[i] = Sweep(context.Background(), stores[i], time.Now(), Pace{Batch: 1000})
 		}()
 	}
 	close(start)
@@ -158,7 +158,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 			cancel(ErrCycleTimeout)
 		}
 	}}
-	sum, err := Sweep(ctx, rec, time.Now(), 1000)
+	sum, err := Sweep(ctx, rec, time.Now(), Pace{Batch: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
 	rec2 := &recorder{Deleter: st, onBatch: func(int) { cancel2() }}
-	sum, err = Sweep(ctx2, rec2, time.Now(), 1000)
+	sum, err = Sweep(ctx2, rec2, time.Now(), Pace{Batch: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 	// A context already past its deadline deletes nothing.
 	ctx3, cancel3 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel3()
-	sum, err = Sweep(ctx3, st, time.Now(), 1000)
+	sum, err = Sweep(ctx3, st, time.Now(), Pace{Batch: 1000})
 	if err != nil || sum != (Summary{StoppedBy: StoppedTimeout}) {
 		t.Fatalf("expired deadline: %+v, %v", sum, err)
 	}

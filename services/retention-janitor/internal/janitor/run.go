@@ -73,6 +73,7 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 			slog.Float64("duration_seconds", sum.Duration.Seconds()),
 			slog.String("stopped_by", string(sum.StoppedBy)),
 			slog.Int("batch_size", cfg.BatchSize),
+			slog.Int("max_rows_per_second", cfg.MaxRowsPerSecond),
 			slog.Bool("pushed", pushed),
 		}
 		if err != nil {
@@ -125,7 +126,7 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
 	defer cancel()
-	sum, err = Sweep(cycleCtx, st, cutoff, cfg.BatchSize)
+	sum, err = Sweep(cycleCtx, st, cutoff, Pace{Batch: cfg.BatchSize, RowsPerSecond: cfg.MaxRowsPerSecond})
 	return err
 }
 

@@ -28,7 +28,7 @@ func TestRunDeletesAndLogsOneSummary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, raw)
 	}
-	if sum.Level != "INFO" || sum.RowsDeleted != 2_500 || sum.Batches != 3 || sum.StoppedBy != "done" || sum.Pushed || sum.Error != "" {
+	if sum.Level != "INFO" || sum.RowsDeleted != 2_500 || sum.Batches != 25 || sum.StoppedBy != "done" || sum.Pushed || sum.Error != "" {
 		t.Fatalf("summary = %+v", sum)
 	}
 	if sum.DurationSeconds <= 0 {
@@ -262,7 +262,7 @@ func TestRunPushesMetrics(t *testing.T) {
 	if v := gaugeValue(t, p.families, MetricRowsDeleted); v != 1200 {
 		t.Errorf("rows deleted = %v", v)
 	}
-	if v := gaugeValue(t, p.families, MetricBatches); v != 2 {
+	if v := gaugeValue(t, p.families, MetricBatches); v != 12 { // 1,200 rows in batches of 100
 		t.Errorf("batches = %v", v)
 	}
 	if v := gaugeValue(t, p.families, MetricSuccess); v != 1 {
