@@ -14,7 +14,8 @@
 # and starts ingest-api on a free loopback port with limiters opened wide (this measures ingest, not the
 # limiter), sets up producers with loadgen-ingest, runs modules/store/bench/ingest.pgbench with pgbench
 # when that script exists, then the load generator; stops ingest-api (and a throwaway cluster pg.sh
-# started) on exit. Every run starts new streams (a fresh project), so sequences run 1, 2, 3, ...
+# started) on exit. Every run starts new streams (a fresh project), so sequences run 1, 2, 3, ..., and
+# follows a CHECKPOINT (see settle).
 set -euo pipefail
 script_name=bench-ingest.sh
 # shellcheck source=scripts/stack-lib.sh
@@ -79,6 +80,14 @@ max_producers=0
 for p in $producers_list; do [ "$p" -gt "$max_producers" ] && max_producers=$p; done
 "$bindir/loadgen-ingest" setup --database-url "$dsn" --producers "$max_producers" --out "$work/creds.json" >&2
 
+# Every measured run starts right after a CHECKPOINT: a run that writes a gigabyte of WAL (the batch runs)
+# would otherwise hand the next run the checkpoint it forced, and its burst of full-page images, which
+# would land on whichever run came next. Without superuser rights the runs go on unsettled.
+settle() {
+	PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c CHECKPOINT >/dev/null 2>&1 ||
+		log "CHECKPOINT refused (not superuser?): runs are not settled"
+}
+
 rows=()
 row() { rows+=("$(printf '%-28s %9s %13s %9s %9s %9s' "$@")"); }
 row "what" "producers" "envelopes/s" "p50 ms" "p99 ms" "p99.9 ms"
@@ -90,6 +99,7 @@ if [ -f "$pgscript" ] && command -v pgbench >/dev/null 2>&1; then
 	nproc=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 4)
 	for p in $producers_list; do
 		jobs=$((p < nproc ? p : nproc))
+		settle
 		log "pgbench, $p client(s), ${seconds}s"
 		# The script keys its streams by :run and counts :seq per client (see its header); :run is spliced
 		# into SQL as a number, so it must be digits only and new for every run.
@@ -120,6 +130,7 @@ for mode in single batch; do
 			what="ingest-api batch of $batch"
 		fi
 		[ "$count" -ge "$p" ] || count=$p
+		settle
 		log "$what, $p producer(s), up to ${seconds}s or $count envelopes"
 		out=$("$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds.json" --producers "$p" \
 			--count "$count" --duration "${seconds}s" --payload-bytes "$payload" --json "${args[@]}") || status=1
@@ -137,6 +148,7 @@ done
 # counted from when each request was due, so queueing behind a slow answer counts).
 if [ -n "${single16:-}" ]; then
 	half=$(awk -v r="$single16" 'BEGIN { printf "%.0f", r / 2 }')
+	settle
 	log "ingest-api single, 16 producer(s), fixed $half envelopes/s for ${seconds}s"
 	out=$("$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds.json" --producers 16 --rate "$half" \
 		--count "$((half * seconds))" --duration "${seconds}s" --payload-bytes "$payload" --json) || status=1

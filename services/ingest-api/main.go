@@ -10,12 +10,23 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/app"
 )
 
+// gcPercent is the GC target unless GOGC is set. A request leaves almost
+// nothing live behind (the heap stays in the tens of MB), so collecting at 4x
+// the live heap instead of 2x costs little memory and, on a 2 vCPU VM, gave
+// 6 % more envelopes/s at 64 producers (docs/benchmarks.md). GOMEMLIMIT, set
+// in the Deployment, still bounds the heap under a memory limit.
+const gcPercent = 400
+
 func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gcPercent)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, nil)
 	stop()

@@ -262,7 +262,6 @@ func runAgainst(t *testing.T, d *ingestDouble, cfg Config) Report {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	cfg.Client = srv.Client()
 	plan, err := NewPlan(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +361,7 @@ func TestRunInterrupted(t *testing.T) {
 	srv := httptest.NewServer(d)
 	defer srv.Close()
 	u, _ := producer.CheckURL(srv.URL, true)
-	plan, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 4, Timeout: time.Second, Client: srv.Client()})
+	plan, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 4, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,6 @@ type Config struct {
 	// Project is the project id of every stream; empty picks a fresh one, so sequences start at 1.
 	Project string
 	Timeout time.Duration // per request
-	Client  *http.Client  // nil: a keep-alive client sized for Producers
 	Now     func() time.Time
 }
 
@@ -96,14 +95,6 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		cfg.Project = "lg-" + hex.EncodeToString(b[:])
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{
-			Transport: &http.Transport{
-				MaxIdleConns: cfg.Producers, MaxIdleConnsPerHost: cfg.Producers, IdleConnTimeout: 90 * time.Second,
-			},
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
 	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/envelopes"}
 	if cfg.Batch > 0 {
 		p.route = "/v1/envelopes/batch"
@@ -124,6 +115,10 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		envs[i] = make([][]byte, n)
 		pr := cfg.Creds.Producers[i]
+		if pr.Token == "" || strings.ContainsFunc(pr.Token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			// The token goes into a header line as it is.
+			return nil, fmt.Errorf("producer %s: token is empty or holds spaces or control characters", pr.Device)
+		}
 		p.clients[i] = pr.Token
 		priv, err := producer.ParseSeed(pr.Seed)
 		if err != nil {
@@ -361,13 +356,14 @@ func (p *Plan) Run(ctx context.Context) (Report, error) {
 		wg     sync.WaitGroup
 		tallys = make([]*tally, len(p.work))
 	)
-	endpoint := producer.Endpoint(cfg.URL, p.route)
 	for i := range p.work {
 		tallys[i] = newTally()
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			p.produce(runCtx, ctx, i, endpoint, start, &slots, tallys[i])
+			c := newConn(cfg.URL, p.route, p.clients[i])
+			defer c.close()
+			p.produce(runCtx, ctx, i, c, start, &slots, tallys[i])
 		}(i)
 	}
 	wg.Wait()
@@ -400,7 +396,7 @@ func (p *Plan) Run(ctx context.Context) (Report, error) {
 
 // produce is one producer: its requests in order, one in flight. runCtx ends issuing (duration);
 // ctx is the caller's and also cancels a request in flight.
-func (p *Plan) produce(runCtx, ctx context.Context, i int, endpoint string, start time.Time, slots *atomic.Int64, t *tally) {
+func (p *Plan) produce(runCtx, ctx context.Context, i int, c *conn, start time.Time, slots *atomic.Int64, t *tally) {
 	cfg := p.cfg
 	var timer *time.Timer
 	for _, req := range p.work[i] {
@@ -430,7 +426,7 @@ func (p *Plan) produce(runCtx, ctx context.Context, i int, endpoint string, star
 			due = sent
 		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-		ans, err := producer.Post(rctx, cfg.Client, endpoint, p.clients[i], req.body, nil)
+		status, body, err := c.post(rctx, req.body)
 		cancel()
 		done := cfg.Now()
 		t.requests++
@@ -441,7 +437,7 @@ func (p *Plan) produce(runCtx, ctx context.Context, i int, endpoint string, star
 			continue
 		}
 		t.latencies = append(t.latencies, done.Sub(due))
-		t.record(ans.Status, ans.Body, req.n, cfg.Batch > 0)
+		t.record(status, body, req.n, cfg.Batch > 0)
 	}
 }
 

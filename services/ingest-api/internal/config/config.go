@@ -75,7 +75,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		CredentialCacheTTL:     time.Second,
 		GroupCommitWindow:      0,
 		GroupCommitMaxItems:    100,
-		GroupCommitConcurrency: 2,
+		GroupCommitConcurrency: 8,
 		LogLevel:               "info",
 		OutboundKeysReload:     5 * time.Second,
 	}
@@ -98,7 +98,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"CREDENTIAL_CACHE_TTL", "how long a verified credential is cached (0 disables, at most 2s: revocation takes effect within it)", (*durationValue)(&c.CredentialCacheTTL)},
 		{"GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", (*durationValue)(&c.GroupCommitWindow)},
 		{"GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction (1 disables grouping)", (*intValue)(&c.GroupCommitMaxItems)},
-		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once", (*intValue)(&c.GroupCommitConcurrency)},
+		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once (one being decided, the rest waiting for their WAL flush)", (*intValue)(&c.GroupCommitConcurrency)},
 		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
 	}
 

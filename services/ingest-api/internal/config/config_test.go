@@ -25,7 +25,7 @@ func TestDefaults(t *testing.T) {
 		PayloadRetention: 2160 * time.Hour, ReplayWindow: 2160 * time.Hour, MaxSequenceAhead: 1024,
 		SyncLimitTokens: 100, SyncLimitInterval: time.Second, PeerLimitTokens: 1000, PeerLimitInterval: time.Second,
 		ShutdownGrace: 25 * time.Second, StoreTimeout: 10 * time.Second, DBMaxOpenConns: 32,
-		CredentialCacheTTL: time.Second, GroupCommitMaxItems: 100, GroupCommitConcurrency: 2, LogLevel: "info",
+		CredentialCacheTTL: time.Second, GroupCommitMaxItems: 100, GroupCommitConcurrency: 8, LogLevel: "info",
 		OutboundKeysReload: 5 * time.Second,
 	}
 	if c != want {

@@ -21,11 +21,19 @@ var errCommitterClosed = errors.New("group committer closed")
 // shared commit; if the transaction fails, every request in it gets the
 // error (503: nothing acknowledged, retrying is safe).
 //
-// Batching is self-clocking: a flush takes whatever queued while earlier
-// flushes were running, so an idle server commits a lone request at once and
-// a busy one commits in larger groups. window optionally waits a little
-// longer for stragglers. IngestBatch locks the streams of a batch in sorted
-// order, so concurrent flushes cannot deadlock each other.
+// Batching is self-clocking: a group takes whatever queued while the group
+// before it was being decided, so an idle server commits a lone request at
+// once and a busy one commits in larger groups. window optionally waits a
+// little longer for stragglers.
+//
+// Groups are pipelined: one group at a time is being decided (its reads and
+// decisions, the CPU-heavy part), and the next starts as soon as only the
+// commit of the one before is left, so up to concurrency transactions wait
+// for WAL flushes together, which PostgreSQL serves with one flush. Deciding
+// one group at a time keeps groups large when the CPU is the limit; not
+// waiting for the flush keeps latency at about one flush when the disk is.
+// IngestBatch locks the streams of a batch in sorted order, so concurrent
+// transactions cannot deadlock each other.
 type committer struct {
 	st       *store.Store
 	log      *slog.Logger
@@ -36,6 +44,9 @@ type committer struct {
 
 	queue chan *pendingItem
 	slots chan struct{} // one token per flush allowed in flight
+	// deciding is held by the one flush whose transaction is being decided;
+	// it is handed on when only the commit is left (store.IngestBatchCommitting).
+	deciding chan struct{}
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -58,10 +69,16 @@ type commitResult struct {
 func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer {
 	c := &committer{
 		st: st, log: log, metrics: m, timeout: timeout, window: window, maxItems: maxItems,
-		queue:   make(chan *pendingItem, maxItems*concurrency),
-		slots:   make(chan struct{}, concurrency),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		queue:    make(chan *pendingItem, maxItems*concurrency),
+		slots:    make(chan struct{}, concurrency),
+		deciding: make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	if maxItems == 1 {
+		// Grouping is off: each request is its own transaction, decided
+		// independently of the others.
+		c.deciding = make(chan struct{}, concurrency)
 	}
 	go c.run()
 	return c
@@ -105,6 +122,7 @@ func (c *committer) run() {
 				select {
 				case p := <-c.queue:
 					c.slots <- struct{}{}
+					c.deciding <- struct{}{}
 					c.wg.Add(1)
 					go c.flush([]*pendingItem{p})
 				default:
@@ -113,8 +131,10 @@ func (c *committer) run() {
 				}
 			}
 		}
-		// Waiting for a free slot is what lets a group form under load.
+		// Waiting for a free slot, then for the group before to be decided,
+		// is what lets a group form under load.
 		c.slots <- struct{}{}
+		c.deciding <- struct{}{}
 		batch := c.collect(first)
 		c.wg.Add(1)
 		go c.flush(batch)
@@ -156,15 +176,18 @@ drain:
 func (c *committer) flush(batch []*pendingItem) {
 	defer c.wg.Done()
 	defer func() { <-c.slots }()
+	var once sync.Once
+	decided := func() { once.Do(func() { <-c.deciding }) }
+	defer decided()
 
-	results, err := c.commit(batch)
+	results, err := c.commit(batch, decided)
 	if err != nil && len(batch) > 1 && !isUnavailable(err) {
 		// Not an outage but a refusal of the whole transaction (one item
 		// the store rejects as invalid): commit the items one by one so one
 		// bad request cannot fail its neighbours.
 		c.log.Warn("group commit failed; retrying items singly", slog.Int("items", len(batch)), slog.String("error", err.Error()))
 		for _, p := range batch {
-			r, err := c.commit([]*pendingItem{p})
+			r, err := c.commit([]*pendingItem{p}, decided)
 			if err != nil {
 				p.done <- commitResult{err: err}
 				continue
@@ -182,7 +205,9 @@ func (c *committer) flush(batch []*pendingItem) {
 	}
 }
 
-func (c *committer) commit(batch []*pendingItem) ([]store.Result, error) {
+// commit runs one transaction; decided is called when only its commit is
+// left, so the next group can be decided while this one waits for its flush.
+func (c *committer) commit(batch []*pendingItem, decided func()) ([]store.Result, error) {
 	items := make([]store.BatchItem, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
@@ -192,7 +217,7 @@ func (c *committer) commit(batch []*pendingItem) ([]store.Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	start := time.Now()
-	results, err := c.st.IngestBatch(ctx, items)
+	results, err := c.st.IngestBatchCommitting(ctx, items, decided)
 	c.metrics.commitDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("group commit of %d items: %w", len(items), err)
