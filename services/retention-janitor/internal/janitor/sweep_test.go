@@ -23,19 +23,28 @@ func (b *backlog) DeleteExpiredPayloads(_ context.Context, _ time.Time, batch in
 	return n, nil
 }
 
+// fakeClock is a Pace's clock and sleep over a fake time: a wait advances it
+// and is recorded.
+type fakeClock struct {
+	now    time.Time
+	sleeps []time.Duration
+}
+
+func (c *fakeClock) pace(batch, rate int) Pace {
+	return Pace{Batch: batch, RowsPerSecond: rate,
+		now: func() time.Time { return c.now },
+		sleep: func(_ context.Context, d time.Duration) {
+			c.sleeps = append(c.sleeps, d)
+			c.now = c.now.Add(d)
+		}}
+}
+
 func TestSweepPacesToTheRowRate(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := start
-	b := &backlog{left: 10_050, clock: &clock, cost: 2 * time.Millisecond}
-	var sleeps []time.Duration
-	pace := Pace{Batch: 100, RowsPerSecond: 1_000,
-		now: func() time.Time { return clock },
-		sleep: func(_ context.Context, d time.Duration) {
-			sleeps = append(sleeps, d)
-			clock = clock.Add(d)
-		}}
-	sum, err := Sweep(context.Background(), b, start, pace)
+	fc := &fakeClock{now: start}
+	b := &backlog{left: 10_050, clock: &fc.now, cost: 2 * time.Millisecond}
+	sum, err := Sweep(context.Background(), b, start, fc.pace(100, 1_000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,17 +58,17 @@ func TestSweepPacesToTheRowRate(t *testing.T) {
 	// Each full batch waits for its turn: 100 rows at 1,000 rows/s is 100 ms,
 	// of which the DELETE itself took 2 ms. Neither the short batch nor the
 	// probe waits.
-	if len(sleeps) != 100 {
-		t.Fatalf("%d waits, want 100 (one per full batch)", len(sleeps))
+	if len(fc.sleeps) != 100 {
+		t.Fatalf("%d waits, want 100 (one per full batch)", len(fc.sleeps))
 	}
-	for i, d := range sleeps {
+	for i, d := range fc.sleeps {
 		if d != 98*time.Millisecond {
 			t.Fatalf("wait %d = %v, want 98ms", i, d)
 		}
 	}
 	// 10,000 rows at 1,000/s: the last full batch ends at 10 s, then two
 	// DELETEs of 2 ms each.
-	if got, want := clock.Sub(start), 10*time.Second+4*time.Millisecond; got != want {
+	if got, want := fc.now.Sub(start), 10*time.Second+4*time.Millisecond; got != want {
 		t.Fatalf("sweep took %v of the fake clock, want %v", got, want)
 	}
 }
@@ -67,22 +76,15 @@ func TestSweepPacesToTheRowRate(t *testing.T) {
 func TestSweepPaceCatchesUpAfterASlowBatch(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := start
-	b := &backlog{left: 300, clock: &clock, cost: 250 * time.Millisecond}
-	var sleeps []time.Duration
-	pace := Pace{Batch: 100, RowsPerSecond: 1_000,
-		now: func() time.Time { return clock },
-		sleep: func(_ context.Context, d time.Duration) {
-			sleeps = append(sleeps, d)
-			clock = clock.Add(d)
-		}}
-	if _, err := Sweep(context.Background(), b, start, pace); err != nil {
+	fc := &fakeClock{now: start}
+	b := &backlog{left: 300, clock: &fc.now, cost: 250 * time.Millisecond}
+	if _, err := Sweep(context.Background(), b, start, fc.pace(100, 1_000)); err != nil {
 		t.Fatal(err)
 	}
 	// Every DELETE takes longer than its 100 ms share: the sweep is behind
 	// its pace all along and never waits; the average, not each batch, is capped.
-	if len(sleeps) != 0 {
-		t.Fatalf("waits %v, want none", sleeps)
+	if len(fc.sleeps) != 0 {
+		t.Fatalf("waits %v, want none", fc.sleeps)
 	}
 }
 
