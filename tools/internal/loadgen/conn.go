@@ -27,10 +27,10 @@ const maxAnswerBytes = 1 << 20
 // (docs/benchmarks.md). A producer has one request in flight, so it needs
 // nothing a Transport adds; pgbench drives PostgreSQL the same way.
 type conn struct {
-	network, addr string
-	tls           *tls.Config // nil: plain http
-	path          string      // request target
-	head          []byte      // request line and fixed headers, up to "Content-Length: "
+	addr string
+	tls  *tls.Config // nil: plain http
+	path string      // request target
+	head []byte      // request line and fixed headers, up to "Content-Length: "
 
 	c  net.Conn
 	br *bufio.Reader
@@ -46,7 +46,7 @@ func newConn(base *url.URL, route, token string) *conn {
 			port = "443"
 		}
 	}
-	c := &conn{network: "tcp", addr: net.JoinHostPort(base.Hostname(), port), path: base.Path + route}
+	c := &conn{addr: net.JoinHostPort(base.Hostname(), port), path: base.Path + route}
 	if base.Scheme == "https" {
 		c.tls = &tls.Config{ServerName: base.Hostname(), MinVersion: tls.VersionTLS12}
 	}
@@ -83,7 +83,7 @@ func (c *conn) post(ctx context.Context, body []byte) (int, []byte, error) {
 
 func (c *conn) dial(ctx context.Context) error {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, c.network, c.addr)
+	nc, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", c.addr, err)
 	}
@@ -100,10 +100,7 @@ func (c *conn) dial(ctx context.Context) error {
 }
 
 func (c *conn) exchange(ctx context.Context, body []byte) (int, []byte, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Time{}
-	}
+	deadline, _ := ctx.Deadline() // none: the zero time, no deadline
 	if err := c.c.SetDeadline(deadline); err != nil {
 		return 0, nil, err
 	}

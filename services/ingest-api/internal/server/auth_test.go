@@ -113,4 +113,11 @@ func TestCommitterRefusesAfterClose(t *testing.T) {
 	if failed != 1 {
 		t.Fatalf("%d items failed, want exactly the invalid one", failed)
 	}
+	// The failed group handed on its turn to decide: the next request commits
+	// (a leaked turn would hold it until the deadline).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r, err := c2.submit(ctx, item); err != nil || r.Outcome != store.OutcomeRefused {
+		t.Fatalf("submit after a failed group: %+v, %v", r, err)
+	}
 }
