@@ -16,6 +16,7 @@
 #   BENCH_JANITOR_DELAY=1       seconds between ingest's first request and the janitor's start
 #   BENCH_JANITOR_BATCH=        the janitor's JANITOR_BATCH_SIZE (1-1000; unset: its default)
 #   BENCH_JANITOR_RATE=         the janitor's JANITOR_MAX_ROWS_PER_SECOND (unset: its default; 0: no cap)
+#   BENCH_JANITOR_WAL_COMPRESSION=  the janitor's JANITOR_WAL_COMPRESSION (unset: its default)
 #   BENCH_KEEP_DB=1             keep the envelopeworker_bench_janitor database (dropped by default)
 #
 # It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench_janitor, migrates it,
@@ -45,9 +46,11 @@ jdelay=${BENCH_JANITOR_DELAY:-1}
 # Unset janitor settings are left to the janitor's own defaults, so the figures are the shipped ones.
 jbatch=${BENCH_JANITOR_BATCH-}
 jrate=${BENCH_JANITOR_RATE-}
+jwal=${BENCH_JANITOR_WAL_COMPRESSION-}
 janitor_env=()
 if [ -n "$jbatch" ]; then janitor_env+=("JANITOR_BATCH_SIZE=$jbatch"); fi
 if [ -n "$jrate" ]; then janitor_env+=("JANITOR_MAX_ROWS_PER_SECOND=$jrate"); fi
+if [ -n "$jwal" ]; then janitor_env+=("JANITOR_WAL_COMPRESSION=$jwal"); fi
 for v in jbatch jrate; do
 	case "${!v}" in *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
 done
@@ -307,7 +310,7 @@ jsum=$(grep -h '"msg":"retention summary"' "$work"/janitor*.log 2>/dev/null | ta
 echo
 echo "retention-janitor vs concurrent ingest ($(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds; ingest ${rate} env/s," \
 	"$producers producers, single route, ${seconds}s, payload ${payload} B; janitor $jrows rows of ${jbytes} B," \
-	"batch $(field "$jsum" batch_size), at most $(field "$jsum" max_rows_per_second) rows/s (0: no cap), as $janitor_as; load average at start $load_start, at end $(loadavg))"
+	"batch $(field "$jsum" batch_size), at most $(field "$jsum" max_rows_per_second) rows/s (0: no cap), wal_compression $(field "$jsum" wal_compression), as $janitor_as; load average at start $load_start, at end $(loadavg))"
 printf '%s\n' "${rows[@]}"
 # The verdict uses medians: one run that a neighbour's burst of load hits must not decide it either way.
 awk -v b="${base_p99[*]}" -v j="${jan_p99[*]}" -v rps="${jan_rps[*]}" '

@@ -86,10 +86,15 @@ var tablePrivileges = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE
 // each column it may not update — and wants insufficient_privilege for each
 // (each in a transaction that is rolled back). It also holds the role
 // attributes (no superuser, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS, no
-// membership in another role) and no CREATE on the schema or the database.
+// membership in another role), no CREATE on the schema or the database, and
+// no superuser-only setting but the janitor's wal_compression.
 func TestRolePrivilegeMatrix(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
+	var parameterACLs bool // PostgreSQL 15 on
+	if err := f.admin.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int >= 150000`).Scan(&parameterACLs); err != nil {
+		t.Fatal(err)
+	}
 	columns := map[string][]string{} // table -> columns
 	rows, err := f.admin.QueryContext(ctx, `
 SELECT c.relname, a.attname FROM pg_class c
@@ -195,6 +200,25 @@ FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&attrs, &members, &schemaCreat
 		if attrs || members != 0 || schemaCreate || !schemaUsage || dbCreate {
 			t.Errorf("%s: elevated attribute %v, %d memberships, CREATE on schema %v, USAGE %v, CREATE on database %v",
 				role, attrs, members, schemaCreate, schemaUsage, dbCreate)
+		}
+		// Superuser-only settings (PostgreSQL 15 grants them one by one): the
+		// janitor may SET wal_compression (migration 0004); nobody may set any
+		// other one, nor ALTER SYSTEM.
+		if parameterACLs {
+			var set, alter string
+			if err := f.admin.QueryRowContext(ctx, `
+SELECT coalesce(string_agg(name, ',' ORDER BY name) FILTER (WHERE has_parameter_privilege($1, name, 'SET')), ''),
+       coalesce(string_agg(name, ',' ORDER BY name) FILTER (WHERE has_parameter_privilege($1, name, 'ALTER SYSTEM')), '')
+FROM pg_settings WHERE context = 'superuser'`, role).Scan(&set, &alter); err != nil {
+				t.Fatal(err)
+			}
+			want := ""
+			if role == roleJanitor {
+				want = "wal_compression"
+			}
+			if set != want || alter != "" {
+				t.Errorf("%s may SET %q (want %q) and ALTER SYSTEM %q (want none)", role, set, want, alter)
+			}
 		}
 	}
 

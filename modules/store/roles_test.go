@@ -55,6 +55,7 @@ var refusedStatements = map[string][]string{
 		`UPDATE credentials SET status = 'active'`,
 		`TRUNCATE event_identities`,
 		`CREATE TABLE ingest_owned (i int)`,
+		`SET wal_compression = pglz`,
 	},
 	roleOperator: {
 		`DELETE FROM event_identities`,
@@ -68,6 +69,7 @@ var refusedStatements = map[string][]string{
 		`DELETE FROM credentials`,
 		`TRUNCATE audit_events`,
 		`CREATE TABLE operator_owned (i int)`,
+		`SET wal_compression = pglz`,
 	},
 	roleDelivery: {
 		`SELECT FROM credentials`,
@@ -78,6 +80,7 @@ var refusedStatements = map[string][]string{
 		`SELECT FROM audit_events`,
 		`INSERT INTO audit_events (tenant_id, outcome) VALUES ('t', 'x')`,
 		`CREATE TABLE delivery_owned (i int)`,
+		`SET wal_compression = pglz`,
 	},
 }
 
@@ -186,6 +189,36 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 	}
 	if rows, err := operator.ListAudit(ctx, store.AuditFilter{TenantID: "t1"}); err != nil || len(rows) != 4 {
 		t.Fatalf("operator audit list: %d rows, %v", len(rows), err)
+	}
+}
+
+// Options.WALCompression is each session's wal_compression. Only the
+// janitor's role may set it (migration 0004 grants SET on it, PostgreSQL 15
+// on); for any other role every connection fails, with insufficient_privilege.
+func TestWALCompressionOption(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var grantable bool
+	if err := f.admin.QueryRow(`SELECT current_setting('server_version_num')::int >= 150000`).Scan(&grantable); err != nil {
+		t.Fatal(err)
+	}
+	for _, role := range []string{roleJanitor, roleIngest, roleDelivery, roleOperator} {
+		s, err := store.Open(ctx, storetest.DSNForRole(f.dsn, role), store.Options{MaxOpenConns: 1, WALCompression: "pglz"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = s.DB().QueryRowContext(ctx, `SHOW wal_compression`).Scan(&got)
+		_ = s.Close()
+		var pg *pgconn.PgError
+		switch {
+		case role == roleJanitor && grantable:
+			if err != nil || got != "pglz" {
+				t.Errorf("%s: wal_compression %q, %v; want pglz", role, got, err)
+			}
+		case !errors.As(err, &pg) || pg.Code != "42501":
+			t.Errorf("%s: wal_compression %q, %v; want insufficient_privilege", role, got, err)
+		}
 	}
 }
 

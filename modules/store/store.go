@@ -29,6 +29,11 @@ type Options struct {
 	// MaxRetries bounds re-runs of an ingest transaction that lost a race
 	// (unique violation across streams, deadlock); default 5.
 	MaxRetries int
+	// WALCompression, when set, is every session's wal_compression (off,
+	// pglz, lz4, zstd): how the page images its writes log are compressed.
+	// Only a superuser, or on PostgreSQL 15 a role granted SET on the
+	// parameter, may set it; for any other role every connection fails.
+	WALCompression string
 }
 
 func (o Options) withDefaults() Options {
@@ -78,6 +83,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		// Milliseconds, the setting's base unit: Go's "1m30s" is not a
 		// PostgreSQL interval literal.
 		cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(max(o.StatementTimeout.Milliseconds(), 1), 10)
+	}
+	if o.WALCompression != "" {
+		cfg.RuntimeParams["wal_compression"] = o.WALCompression
 	}
 	// On a cancelled context, ask the server to cancel the running statement
 	// so its backend stops waiting on locks at once and the connection stays

@@ -18,7 +18,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 100, MaxRowsPerSecond: 10_000, PushTimeout: 10 * time.Second, LogLevel: "info"}
+	want := Config{DatabaseURL: "postgres://j@db/x", Timeout: 10 * time.Minute, BatchSize: 100, MaxRowsPerSecond: 10_000, WALCompression: "lz4", PushTimeout: 10 * time.Second, LogLevel: "info"}
 	if c != want {
 		t.Fatalf("config = %+v, want %+v", c, want)
 	}
@@ -30,6 +30,7 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 		"JANITOR_TIMEOUT":             "90s",
 		"JANITOR_BATCH_SIZE":          "250",
 		"JANITOR_MAX_ROWS_PER_SECOND": "2500",
+		"JANITOR_WAL_COMPRESSION":     "pglz",
 		"PUSHGATEWAY_URL":             "http://pushgateway:9091",
 		"PUSHGATEWAY_TIMEOUT":         "3s",
 		"LOG_LEVEL":                   "warn",
@@ -38,16 +39,16 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, MaxRowsPerSecond: 2_500, PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want := Config{DatabaseURL: "postgres://env@db/x", Timeout: 90 * time.Second, BatchSize: 250, MaxRowsPerSecond: 2_500, WALCompression: "pglz", PushgatewayURL: "http://pushgateway:9091", PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("env config = %+v, want %+v", c, want)
 	}
 	// A flag wins over its environment variable; both dash forms work.
-	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-max-rows-per-second", "0", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
+	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-max-rows-per-second", "0", "--janitor-wal-compression", "server", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, MaxRowsPerSecond: 0, PushTimeout: 3 * time.Second, LogLevel: "warn"}
+	want = Config{DatabaseURL: "postgres://flag@db/x", Timeout: 2 * time.Minute, BatchSize: 7, MaxRowsPerSecond: 0, WALCompression: "server", PushTimeout: 3 * time.Second, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("flag config = %+v, want %+v", c, want)
 	}
@@ -60,7 +61,7 @@ func TestLoadConfigHelpListsEverySetting(t *testing.T) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
 	for _, name := range []string{"-database-url", "-janitor-timeout", "-janitor-batch-size", "-pushgateway-url", "-pushgateway-timeout", "-log-level",
-		"DATABASE_URL", "JANITOR_TIMEOUT", "JANITOR_BATCH_SIZE", "JANITOR_MAX_ROWS_PER_SECOND", "PUSHGATEWAY_URL"} {
+		"DATABASE_URL", "JANITOR_TIMEOUT", "JANITOR_BATCH_SIZE", "JANITOR_MAX_ROWS_PER_SECOND", "JANITOR_WAL_COMPRESSION", "PUSHGATEWAY_URL"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h output lacks %q:\n%s", name, out.String())
 		}
@@ -92,6 +93,9 @@ func TestLoadConfigRefusals(t *testing.T) {
 		{"rate negative", map[string]string{"JANITOR_MAX_ROWS_PER_SECOND": "-1"}, nil, "JANITOR_MAX_ROWS_PER_SECOND"},
 		{"rate not a number", nil, []string{"--janitor-max-rows-per-second", "fast"}, "JANITOR_MAX_ROWS_PER_SECOND"},
 		{"rate too high", map[string]string{"JANITOR_MAX_ROWS_PER_SECOND": "1000001"}, nil, "JANITOR_MAX_ROWS_PER_SECOND"},
+		{"wal compression unknown", map[string]string{"JANITOR_WAL_COMPRESSION": "gzip"}, nil, "JANITOR_WAL_COMPRESSION"},
+		{"wal compression on", nil, []string{"--janitor-wal-compression", "on"}, "JANITOR_WAL_COMPRESSION"},
+		{"wal compression empty flag", nil, []string{"--janitor-wal-compression="}, "JANITOR_WAL_COMPRESSION"},
 		{"pushgateway scheme", map[string]string{"PUSHGATEWAY_URL": "ftp://u:pw-push@gw"}, nil, "PUSHGATEWAY_URL"},
 		{"pushgateway no host", map[string]string{"PUSHGATEWAY_URL": "http://"}, nil, "PUSHGATEWAY_URL"},
 		{"push timeout", map[string]string{"PUSHGATEWAY_TIMEOUT": "soon"}, nil, "PUSHGATEWAY_TIMEOUT"},

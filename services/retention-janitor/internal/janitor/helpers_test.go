@@ -106,6 +106,32 @@ func (f *fixture) payloads(t testing.TB) (expired, live int64) {
 		f.count(t, `SELECT count(*) FROM inbound_payloads WHERE expires_at > now()`)
 }
 
+// grantable: the server lets a superuser grant SET on wal_compression
+// (PostgreSQL 15), which migration 0004 did for the janitor's role.
+func (f *fixture) grantable(t testing.TB) bool {
+	return f.count(t, `SELECT (current_setting('server_version_num')::int >= 150000)::int`) == 1
+}
+
+// serverWALCompression is the setting a session gets without setting it.
+func (f *fixture) serverWALCompression(t testing.TB) string {
+	t.Helper()
+	var v string
+	if err := f.admin.QueryRow(`SELECT reset_val FROM pg_settings WHERE name = 'wal_compression'`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// defaultWALCompression is what a janitor run with the default (lz4) uses
+// as envelopeworker_janitor: lz4 where it may set it and the server has it.
+func (f *fixture) defaultWALCompression(t testing.TB) string {
+	t.Helper()
+	if f.grantable(t) && f.count(t, `SELECT count(*) FROM pg_settings WHERE name = 'wal_compression' AND 'lz4' = ANY(enumvals)`) == 1 {
+		return "lz4"
+	}
+	return f.serverWALCompression(t)
+}
+
 // recorder is the real store with a record of each batch's size.
 type recorder struct {
 	Deleter
@@ -135,6 +161,7 @@ type summaryLine struct {
 	Batches         int     `json:"batches"`
 	DurationSeconds float64 `json:"duration_seconds"`
 	StoppedBy       string  `json:"stopped_by"`
+	WALCompression  string  `json:"wal_compression"`
 	Pushed          bool    `json:"pushed"`
 	Error           string  `json:"error"`
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -50,6 +51,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 	start := time.Now()
 	var sum Summary
+	walCompression := "" // in effect for the deletes; unknown until the lock is held
 	defer func() {
 		end := time.Now()
 		sum.Duration = end.Sub(start)
@@ -74,6 +76,7 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 			slog.String("stopped_by", string(sum.StoppedBy)),
 			slog.Int("batch_size", cfg.BatchSize),
 			slog.Int("max_rows_per_second", cfg.MaxRowsPerSecond),
+			slog.String("wal_compression", walCompression),
 			slog.Bool("pushed", pushed),
 		}
 		if err != nil {
@@ -111,7 +114,15 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 		return nil
 	}
 
-	st, err := store.Open(setupCtx, cfg.DatabaseURL, store.Options{MaxOpenConns: 1, ApplicationName: "retention-janitor"})
+	set, walCompression, refused, err := trySetWALCompression(setupCtx, lock, cfg.WALCompression)
+	if err != nil {
+		return canceled(err)
+	}
+	if refused != "" {
+		log.Warn("wal_compression stays at the server's setting", slog.String("wanted", cfg.WALCompression),
+			slog.String("server", walCompression), slog.String("reason", refused))
+	}
+	st, err := store.Open(setupCtx, cfg.DatabaseURL, store.Options{MaxOpenConns: 1, ApplicationName: "retention-janitor", WALCompression: set})
 	if err != nil {
 		return canceled(fmt.Errorf("open store: %w", err))
 	}
@@ -154,6 +165,32 @@ func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error
 		return nil, false, time.Time{}, fmt.Errorf("advisory lock: %w: %w", store.ErrUnavailable, err)
 	}
 	return conn, held, now, nil
+}
+
+// trySetWALCompression tries want as the lock session's wal_compression, so
+// the server decides whether the role may set it (superuser, or SET granted
+// on PostgreSQL 15) and whether it knows the method. It returns what the
+// store's sessions should set ("" for the server's setting), the value in
+// effect, and why want is not used ("" when it is).
+func trySetWALCompression(ctx context.Context, conn *pgx.Conn, want string) (set, effective, refused string, err error) {
+	if want != WALCompressionServer {
+		_, err := conn.Exec(ctx, `SELECT set_config('wal_compression', $1, false)`, want)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			set = want
+		case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+			refused = "this role may not set it"
+		case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
+			refused = "this server does not support it"
+		default:
+			return "", "", "", fmt.Errorf("set wal_compression: %w: %w", store.ErrUnavailable, err)
+		}
+	}
+	if err := conn.QueryRow(ctx, `SELECT current_setting('wal_compression')`).Scan(&effective); err != nil {
+		return "", "", "", fmt.Errorf("read wal_compression: %w: %w", store.ErrUnavailable, err)
+	}
+	return set, effective, refused, nil
 }
 
 func unlock(ctx context.Context, conn *pgx.Conn, held bool) error {

@@ -34,6 +34,9 @@ func TestRunDeletesAndLogsOneSummary(t *testing.T) {
 	if sum.DurationSeconds <= 0 {
 		t.Fatalf("duration_seconds = %v", sum.DurationSeconds)
 	}
+	if want := f.defaultWALCompression(t); sum.WALCompression != want {
+		t.Fatalf("wal_compression = %q, want %q", sum.WALCompression, want)
+	}
 	if expired, live := f.payloads(t); expired != 0 || live != 500 {
 		t.Fatalf("after run: %d expired, %d live", expired, live)
 	}
@@ -43,6 +46,51 @@ func TestRunDeletesAndLogsOneSummary(t *testing.T) {
 	if err != nil || sum.StoppedBy != "done" || sum.RowsDeleted != 0 {
 		t.Fatalf("second run: %+v, %v", sum, err)
 	}
+}
+
+// The janitor compresses its page images where its role may (migration 0004)
+// and the server knows the method; elsewhere it deletes at the server's
+// setting, warns once, and the summary says what was used.
+func TestRunWALCompression(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	server := f.serverWALCompression(t)
+	run := func(t *testing.T, dsn, want string, warned bool, args ...string) {
+		t.Helper()
+		f.seed(t, f.count(t, `SELECT coalesce(max(sequence), 0) + 1 FROM event_identities`),
+			f.count(t, `SELECT coalesce(max(sequence), 0) + 300 FROM event_identities`), 200)
+		sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": dsn}, args...)
+		if err != nil || sum.StoppedBy != "done" || sum.RowsDeleted != 200 {
+			t.Fatalf("run: %+v, %v\n%s", sum, err, raw)
+		}
+		if sum.WALCompression != want {
+			t.Errorf("wal_compression = %q, want %q", sum.WALCompression, want)
+		}
+		if got := strings.Contains(raw, `"msg":"wal_compression stays at the server's setting"`); got != warned {
+			t.Errorf("warning logged: %v, want %v:\n%s", got, warned, raw)
+		}
+	}
+	t.Run("chosen", func(t *testing.T) {
+		run(t, f.janitorDSN, f.defaultWALCompression(t), f.defaultWALCompression(t) != "lz4",
+			"--janitor-wal-compression", "lz4")
+		if f.grantable(t) {
+			run(t, f.janitorDSN, "pglz", false, "--janitor-wal-compression", "pglz")
+		}
+	})
+	t.Run("server's setting", func(t *testing.T) {
+		run(t, f.janitorDSN, server, false, "--janitor-wal-compression", "server")
+	})
+	t.Run("role may not set it", func(t *testing.T) {
+		// A role with the janitor's table privileges but not SET on the
+		// parameter, as where the migrator was no superuser.
+		const role = "envelopeworker_test_janitor_nowal"
+		f.exec(t, `DO $$ BEGIN CREATE ROLE `+role+` LOGIN;
+			EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
+		f.exec(t, `GRANT USAGE ON SCHEMA public TO `+role)
+		f.exec(t, `GRANT SELECT ON schema_migrations TO `+role)
+		f.exec(t, `GRANT SELECT, DELETE ON inbound_payloads TO `+role)
+		run(t, storetest.DSNForRole(f.adminDSN, role), server, true)
+	})
 }
 
 func TestRunHelp(t *testing.T) {
