@@ -4,8 +4,9 @@
 # less than 25 %). Prints a table.
 #
 #   scripts/bench-janitor.sh
-#   BENCH_ROUNDS=3              rounds; each runs (a) ingest alone and (b) ingest with a janitor run,
-#                               the order flipped every round so drift in the machine's load hits both
+#   BENCH_ROUNDS=3              rounds; each runs (a) ingest alone and (j0, j1, ...) ingest beside a
+#                               janitor run of each variant, the order rotated every round so drift in the
+#                               machine's load hits all of them
 #   BENCH_SECONDS=15            length of each ingest run
 #   BENCH_RATE=400              fixed total ingest rate, envelopes/s (about half of what a 2 vCPU VM
 #                               sustains on the single route: a latency test, not a throughput test)
@@ -17,13 +18,17 @@
 #   BENCH_JANITOR_BATCH=        the janitor's JANITOR_BATCH_SIZE (1-1000; unset: its default)
 #   BENCH_JANITOR_RATE=         the janitor's JANITOR_MAX_ROWS_PER_SECOND (unset: its default; 0: no cap)
 #   BENCH_JANITOR_WAL_COMPRESSION=  the janitor's JANITOR_WAL_COMPRESSION (unset: its default)
+#   BENCH_JANITOR_VARIANTS=     instead of the three above: janitor settings to compare in the same run,
+#                               space-separated variants of comma-separated NAME=VALUE, e.g.
+#                               "JANITOR_WAL_COMPRESSION=off JANITOR_WAL_COMPRESSION=lz4"; every round
+#                               then runs ingest alone and once beside each variant, in rotating order
 #   BENCH_KEEP_DB=1             keep the envelopeworker_bench_janitor database (dropped by default)
 #
 # It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench_janitor, migrates it,
 # builds the binaries, starts ingest-api on a free loopback port with limiters opened wide (as
 # bench-ingest.sh), sets up producers with loadgen-ingest, and per round seeds the expired rows as the
 # admin with set-based SQL (identities, payloads, their stream and key; VACUUM ANALYZE and CHECKPOINT
-# outside every measurement). In (b) the retention-janitor binary runs once, as envelopeworker_janitor
+# outside every measurement). In (j) the retention-janitor binary runs once, as envelopeworker_janitor
 # when the server lets that role in (else the admin DSN), started once ingest's first request is seen;
 # its summary line gives rows deleted and duration. Ingest payloads expire in the future, so the janitor
 # deletes only the seeded rows. A 5 s warm-up run goes first, unrecorded. The table gives each run's
@@ -47,13 +52,27 @@ jdelay=${BENCH_JANITOR_DELAY:-1}
 jbatch=${BENCH_JANITOR_BATCH-}
 jrate=${BENCH_JANITOR_RATE-}
 jwal=${BENCH_JANITOR_WAL_COMPRESSION-}
-janitor_env=()
-if [ -n "$jbatch" ]; then janitor_env+=("JANITOR_BATCH_SIZE=$jbatch"); fi
-if [ -n "$jrate" ]; then janitor_env+=("JANITOR_MAX_ROWS_PER_SECOND=$jrate"); fi
-if [ -n "$jwal" ]; then janitor_env+=("JANITOR_WAL_COMPRESSION=$jwal"); fi
 for v in jbatch jrate; do
 	case "${!v}" in *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
 done
+# variants: one janitor configuration each, as comma-separated NAME=VALUE (empty: the janitor's defaults).
+variants=()
+if [ -n "${BENCH_JANITOR_VARIANTS:-}" ]; then
+	[ -z "$jbatch$jrate$jwal" ] || die "set either BENCH_JANITOR_VARIANTS or BENCH_JANITOR_BATCH/RATE/WAL_COMPRESSION"
+	read -r -a variants <<<"$BENCH_JANITOR_VARIANTS"
+	for v in "${variants[@]}"; do
+		IFS=, read -r -a kvs <<<"$v"
+		for kv in "${kvs[@]}"; do
+			case "$kv" in JANITOR_[A-Z_]*=?*) ;; *) die "variant setting '$kv' is not JANITOR_NAME=value" ;; esac
+		done
+	done
+else
+	v=""
+	if [ -n "$jbatch" ]; then v+="JANITOR_BATCH_SIZE=$jbatch,"; fi
+	if [ -n "$jrate" ]; then v+="JANITOR_MAX_ROWS_PER_SECOND=$jrate,"; fi
+	if [ -n "$jwal" ]; then v+="JANITOR_WAL_COMPRESSION=$jwal,"; fi
+	variants=("${v%,}")
+fi
 for v in rounds seconds rate producers payload jrows jbytes jdelay; do
 	case "${!v}" in '' | *[!0-9]*) die "$v must be a whole number (got '${!v}')" ;; esac
 done
@@ -211,36 +230,46 @@ ingest_wait() {
 }
 
 rows=()
-row() { rows+=("$(printf '%-5s %-16s %7s %7s %7s %8s %8s %7s %9s %9s %8s %9s' "$@")"); }
-row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "j.rows" "j.secs" "j.rows/s" "overlap s"
-# WAL written by the whole server during a run (ours and any neighbour's): what the fsyncs carry.
-wal_lsn() { psql_admin -c "SELECT pg_current_wal_lsn()"; }
-wal_mb() { psql_admin -c "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$1') / 1048576.0, 1)"; }
+row() { rows+=("$(printf '%-5s %-16s %7s %7s %7s %8s %8s %7s %7s %7s %9s %9s %8s %9s' "$@")"); }
+row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "FPI k" "fsyncs" "j.rows" "j.secs" "j.rows/s" "overlap s"
+# WAL written by the whole server during a run (ours and any neighbour's): the bytes the flushes carry,
+# the full-page images among the records, and the WAL fsyncs (pg_stat_wal; backends report within a
+# second, so a run's tail may count in the next one).
+wal_mark() { psql_admin -c "SELECT pg_current_wal_lsn() || ',' || wal_fpi || ',' || wal_sync FROM pg_stat_wal"; }
+wal_delta() {
+	local lsn fpi syncs
+	IFS=, read -r lsn fpi syncs <<<"$1"
+	psql_admin -F ' ' -c "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$lsn') / 1048576.0, 1),
+		round((wal_fpi - $fpi) / 1000.0, 1), wal_sync - $syncs FROM pg_stat_wal"
+}
 base_p99=()
-jan_p99=()
-jan_rps=()
+declare -A jan_p99=() jan_rps=() # by variant number: space-separated, one per round
 overlaps=()
 
 run_baseline() {
-	local r=$1 out lsn wal
+	local r=$1 out mark wal
 	log "round $r: (a) ingest alone, ${rate} env/s for ${seconds}s"
-	lsn=$(wal_lsn)
+	mark=$(wal_mark)
 	ingest_run "$work/a$r.json"
 	ingest_wait "$work/a$r.json"
 	out=$report
-	wal=$(wal_mb "$lsn")
+	read -r -a wal <<<"$(wal_delta "$mark")"
 	base_p99+=("$(field "$out" p99_ns)")
 	row "$r" "a ingest alone" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
 		"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" \
-		"$(ms "$(field "$out" max_ns)")" "$wal" "-" "-" "-" "-"
+		"$(ms "$(field "$out" max_ns)")" "${wal[@]}" "-" "-" "-" "-"
 }
 
+# run_with_janitor ROUND VARIANT: ingest beside one janitor run with variant number VARIANT's settings.
 run_with_janitor() {
-	local r=$1 out before lsn wal i t_ing t_js t_je t_ie sum jr js stopped overlap jrc=0
-	log "round $r: (b) ingest with a janitor run over $jrows expired rows (as $janitor_as)"
+	local r=$1 vi=$2 out before mark wal i t_ing t_js t_je t_ie sum jr js stopped overlap rps jrc=0 tag
+	local -a jenv=()
+	tag="$r.$vi"
+	[ -z "${variants[$vi]}" ] || IFS=, read -r -a jenv <<<"${variants[$vi]}"
+	log "round $r: (j$vi) ingest with a janitor run over $jrows expired rows (as $janitor_as; ${variants[$vi]:-defaults})"
 	before=$(envelopes_seen)
-	lsn=$(wal_lsn)
-	ingest_run "$work/b$r.json"
+	mark=$(wal_mark)
+	ingest_run "$work/b$tag.json"
 	# The load generator signs every envelope before its clock starts: wait (bounded) for its first
 	# accepted envelope, so the janitor runs inside the measured window.
 	t_ing=""
@@ -249,36 +278,37 @@ run_with_janitor() {
 		kill -0 "$loadgen_pid" 2>/dev/null || break
 		sleep 0.1
 	done
-	[ -n "$t_ing" ] || { ingest_wait "$work/b$r.json"; die "ingest never started in round $r"; }
+	[ -n "$t_ing" ] || { ingest_wait "$work/b$tag.json"; die "ingest never started in round $r"; }
 	sleep "$jdelay"
 	t_js=$(now)
-	env DATABASE_URL="$janitor_dsn" JANITOR_TIMEOUT=5m LOG_LEVEL=info "${janitor_env[@]}" \
-		timeout 330 "$bindir/retention-janitor" >"$work/janitor$r.log" 2>&1 &
+	env DATABASE_URL="$janitor_dsn" JANITOR_TIMEOUT=5m LOG_LEVEL=info "${jenv[@]}" \
+		timeout 330 "$bindir/retention-janitor" >"$work/janitor$tag.log" 2>&1 &
 	janitor_pid=$!
 	wait "$janitor_pid" || jrc=$?
 	janitor_pid=""
 	t_je=$(now)
-	ingest_wait "$work/b$r.json"
+	ingest_wait "$work/b$tag.json"
 	out=$report
-	wal=$(wal_mb "$lsn")
+	read -r -a wal <<<"$(wal_delta "$mark")"
 	# Ingest's window ends elapsed_ns after its clock started (about when the first envelope was seen).
 	t_ie=$(awk -v s="$t_ing" -v ns="$(field "$out" elapsed_ns)" 'BEGIN { printf "%.3f", s + ns / 1e9 }')
-	sum=$(grep '"msg":"retention summary"' "$work/janitor$r.log" | tail -n 1 || true)
+	sum=$(grep '"msg":"retention summary"' "$work/janitor$tag.log" | tail -n 1 || true)
 	jr=$(field "$sum" rows_deleted)
 	js=$(field "$sum" duration_seconds)
 	stopped=$(field "$sum" stopped_by)
 	if [ "$jrc" != 0 ] || [ "$stopped" != done ] || [ "${jr:-0}" != "$jrows" ]; then
-		log "janitor run in round $r: exit $jrc, stopped_by ${stopped:-?}, rows ${jr:-?} (want $jrows); log: ${work#"$root"/}/janitor$r.log"
+		log "janitor run in round $r: exit $jrc, stopped_by ${stopped:-?}, rows ${jr:-?} (want $jrows); log: ${work#"$root"/}/janitor$tag.log"
 		status=1
 	fi
 	overlap=$(awk -v a="$t_js" -v b="$t_je" -v c="$t_ing" -v d="$t_ie" \
 		'BEGIN { s = (a > c ? a : c); e = (b < d ? b : d); printf "%.1f", (e > s ? e - s : 0) }')
 	overlaps+=("$overlap")
-	jan_p99+=("$(field "$out" p99_ns)")
-	jan_rps+=("$(awk -v n="${jr:-0}" -v s="${js:-0}" 'BEGIN { printf "%.0f", (s > 0 ? n / s : 0) }')")
-	row "$r" "b + janitor" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
+	rps=$(awk -v n="${jr:-0}" -v s="${js:-0}" 'BEGIN { printf "%.0f", (s > 0 ? n / s : 0) }')
+	jan_p99[$vi]+="$(field "$out" p99_ns) "
+	jan_rps[$vi]+="$rps "
+	row "$r" "j$vi + janitor" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
 		"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" \
-		"$(ms "$(field "$out" max_ns)")" "$wal" "${jr:-?}" "$(printf '%.2f' "${js:-0}")" "${jan_rps[-1]}" "$overlap"
+		"$(ms "$(field "$out" max_ns)")" "${wal[@]}" "${jr:-?}" "$(printf '%.2f' "${js:-0}")" "$rps" "$overlap"
 }
 
 # Warm-up, not recorded: the first run after start-up pays for cold caches, connection pools and
@@ -287,50 +317,59 @@ log "warm-up: ingest alone, ${rate} env/s for 5s (not recorded)"
 ingest_run "$work/warmup.json" 5
 ingest_wait "$work/warmup.json"
 
+# Each round runs ingest alone (slot 0) and beside each variant (slots 1..n), the order rotated by one
+# slot per round, so drift in the machine's load spreads over all of them.
+slots=$((${#variants[@]} + 1))
 for r in $(seq 1 "$rounds"); do
-	log "round $r: seeding $jrows expired payloads (${jbytes} B each)"
-	seed_expired "$jrows"
-	settle
-	if [ $((r % 2)) = 1 ]; then
-		run_baseline "$r"
+	for k in $(seq 0 $((slots - 1))); do
+		slot=$(((k + r - 1) % slots))
+		if [ "$slot" = 0 ]; then
+			settle
+			run_baseline "$r"
+			continue
+		fi
+		log "round $r: seeding $jrows expired payloads (${jbytes} B each)"
+		seed_expired "$jrows"
 		settle
-		run_with_janitor "$r"
-	else
-		run_with_janitor "$r"
-		settle
-		run_baseline "$r"
-	fi
-	left=$(expired_left)
-	[ "$left" = 0 ] || { log "round $r left $left expired payloads"; status=1; }
+		run_with_janitor "$r" $((slot - 1))
+		left=$(expired_left)
+		[ "$left" = 0 ] || { log "round $r left $left expired payloads"; status=1; }
+	done
 	settle
 done
 
-# The settings the janitor ran with, as its summary line reports them.
-jsum=$(grep -h '"msg":"retention summary"' "$work"/janitor*.log 2>/dev/null | tail -n 1 || true)
 echo
 echo "retention-janitor vs concurrent ingest ($(date -u +%Y-%m-%dT%H:%MZ); $rounds rounds; ingest ${rate} env/s," \
 	"$producers producers, single route, ${seconds}s, payload ${payload} B; janitor $jrows rows of ${jbytes} B," \
-	"batch $(field "$jsum" batch_size), at most $(field "$jsum" max_rows_per_second) rows/s (0: no cap), wal_compression $(field "$jsum" wal_compression), as $janitor_as; load average at start $load_start, at end $(loadavg))"
+	"as $janitor_as; load average at start $load_start, at end $(loadavg))"
+# The settings each variant ran with, as its last summary line reports them.
+for vi in "${!variants[@]}"; do
+	jsum=$(grep -h '"msg":"retention summary"' "$work"/janitor*."$vi".log 2>/dev/null | tail -n 1 || true)
+	echo "j$vi: ${variants[$vi]:-defaults}: batch $(field "$jsum" batch_size), at most $(field "$jsum" max_rows_per_second) rows/s (0: no cap), wal_compression $(field "$jsum" wal_compression)"
+done
 printf '%s\n' "${rows[@]}"
 # The verdict uses medians: one run that a neighbour's burst of load hits must not decide it either way.
-awk -v b="${base_p99[*]}" -v j="${jan_p99[*]}" -v rps="${jan_rps[*]}" '
+for vi in "${!variants[@]}"; do
+	awk -v name="j$vi" -v b="${base_p99[*]}" -v j="${jan_p99[$vi]}" -v rps="${jan_rps[$vi]}" '
 function median(a, n,   i, k, t) {
 	for (i = 2; i <= n; i++) { t = a[i]; for (k = i - 1; k >= 1 && a[k] > t; k--) a[k + 1] = a[k]; a[k + 1] = t }
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 BEGIN {
 	n = split(b, bs, " "); split(j, js, " "); m = split(rps, rs, " ")
+	line = ""
 	for (i = 1; i <= n; i++) {
 		ratio[i] = (bs[i] > 0 ? js[i] / bs[i] : 0)
-		printf "round %d: p99 with janitor / alone = %.2f\n", i, ratio[i]
+		line = line sprintf(" %.2f", ratio[i])
 	}
 	if (n > 0) {
+		printf "%s: p99 with janitor / alone by round:%s\n", name, line
 		mr = median(ratio, n)
-		printf "median p99 alone %.1f ms, with janitor %.1f ms; median per-round ratio %.2f (%+.0f %%): target < +25 %% %s\n",
-			median(bs, n) / 1e6, median(js, n) / 1e6, mr, (mr - 1) * 100, (mr < 1.25 ? "met" : "NOT met")
-		printf "janitor: median %.0f payload rows/s\n", median(rs, m)
+		printf "%s: median p99 alone %.1f ms, with janitor %.1f ms; median per-round ratio %.2f (%+.0f %%): target < +25 %% %s; janitor median %.0f payload rows/s\n",
+			name, median(bs, n) / 1e6, median(js, n) / 1e6, mr, (mr - 1) * 100, (mr < 1.25 ? "met" : "NOT met"), median(rs, m)
 	}
 }'
+done
 awk -v o="${overlaps[*]}" -v secs="$seconds" 'BEGIN {
 	n = split(o, os, " "); for (i = 1; i <= n; i++) if (os[i] < secs / 2) short++
 	if (short) printf "note: in %d of %d rounds the janitor overlapped less than half of the %ds ingest run, so its effect on p99 is diluted; seed more rows (BENCH_JANITOR_ROWS) or shorten BENCH_SECONDS\n", short, n, secs

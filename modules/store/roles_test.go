@@ -222,6 +222,25 @@ func TestWALCompressionOption(t *testing.T) {
 	}
 }
 
+// Options.AsyncCommit is a session setting every role may make.
+func TestAsyncCommitOption(t *testing.T) {
+	f := newFixture(t)
+	storetest.Durable(t, f.dsn) // test databases commit asynchronously by default
+	ctx := context.Background()
+	for _, async := range []bool{false, true} {
+		s, err := store.Open(ctx, storetest.DSNForRole(f.dsn, roleJanitor), store.Options{MaxOpenConns: 1, AsyncCommit: async})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = s.DB().QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&got)
+		_ = s.Close()
+		if want := map[bool]string{false: "on", true: "off"}[async]; err != nil || got != want {
+			t.Errorf("AsyncCommit %v: synchronous_commit %q, %v; want %q", async, got, err, want)
+		}
+	}
+}
+
 // assertRefused runs each statement as role and wants insufficient_privilege
 // (42501): refused by a grant, not failing for some other reason.
 func assertRefused(t *testing.T, db *sql.DB, role string, stmts []string) {

@@ -34,6 +34,11 @@ type Options struct {
 	// Only a superuser, or on PostgreSQL 15 a role granted SET on the
 	// parameter, may set it; for any other role every connection fails.
 	WALCompression string
+	// AsyncCommit sets synchronous_commit=off for every session: commits
+	// return before their WAL is flushed, and a server crash can undo the
+	// last ones (up to three wal_writer_delay). Only for work that is safe
+	// to lose and redo, never for anything acknowledged.
+	AsyncCommit bool
 }
 
 func (o Options) withDefaults() Options {
@@ -86,6 +91,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	if o.WALCompression != "" {
 		cfg.RuntimeParams["wal_compression"] = o.WALCompression
+	}
+	if o.AsyncCommit {
+		cfg.RuntimeParams["synchronous_commit"] = "off"
 	}
 	// On a cancelled context, ask the server to cancel the running statement
 	// so its backend stops waiting on locks at once and the connection stays

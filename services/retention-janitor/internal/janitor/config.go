@@ -56,7 +56,8 @@ const (
 	// (the contract's bound) did, even paced (docs/benchmarks.md).
 	DefaultBatchSize = 100
 	// DefaultMaxRowsPerSecond is the pace at which a 2 vCPU server's ingest
-	// p99 rose by less than 25% while a backlog drained (docs/benchmarks.md).
+	// p99 rose by 16-29% while a backlog drained, on a fast disk; on a slow
+	// one the rise was larger at any pace (docs/benchmarks.md).
 	// A default 10-minute cycle then deletes up to 6M rows, so an hourly run
 	// keeps up with about 1,600 envelopes/s of sustained ingest; above that,
 	// raise it, JANITOR_TIMEOUT or the schedule's frequency.

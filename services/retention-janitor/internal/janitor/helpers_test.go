@@ -162,6 +162,7 @@ type summaryLine struct {
 	DurationSeconds float64 `json:"duration_seconds"`
 	StoppedBy       string  `json:"stopped_by"`
 	WALCompression  string  `json:"wal_compression"`
+	SyncCommit      string  `json:"synchronous_commit"`
 	Pushed          bool    `json:"pushed"`
 	Error           string  `json:"error"`
 }

@@ -51,7 +51,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 	start := time.Now()
 	var sum Summary
-	walCompression := "" // in effect for the deletes; unknown until the lock is held
+	var session deleteSession // the delete session's settings; unknown until it is open
 	defer func() {
 		end := time.Now()
 		sum.Duration = end.Sub(start)
@@ -76,7 +76,8 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 			slog.String("stopped_by", string(sum.StoppedBy)),
 			slog.Int("batch_size", cfg.BatchSize),
 			slog.Int("max_rows_per_second", cfg.MaxRowsPerSecond),
-			slog.String("wal_compression", walCompression),
+			slog.String("wal_compression", session.WALCompression),
+			slog.String("synchronous_commit", session.SynchronousCommit),
 			slog.Bool("pushed", pushed),
 		}
 		if err != nil {
@@ -114,19 +115,28 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 		return nil
 	}
 
-	set, walCompression, refused, err := trySetWALCompression(setupCtx, lock, cfg.WALCompression)
+	set, refused, err := trySetWALCompression(setupCtx, lock, cfg.WALCompression)
 	if err != nil {
 		return canceled(err)
 	}
-	if refused != "" {
-		log.Warn("wal_compression stays at the server's setting", slog.String("wanted", cfg.WALCompression),
-			slog.String("server", walCompression), slog.String("reason", refused))
-	}
-	st, err := store.Open(setupCtx, cfg.DatabaseURL, store.Options{MaxOpenConns: 1, ApplicationName: "retention-janitor", WALCompression: set})
+	// One connection, so the settings read below are the deletes' own.
+	// Commits need not wait for their WAL flush: a delete lost with a server
+	// crash leaves a row that is still expired, and the next run deletes it.
+	// Not flushing takes the janitor's own fsyncs (one per batch) out of the
+	// queue concurrent ingest commits wait in (docs/retention-janitor.md).
+	st, err := store.Open(setupCtx, cfg.DatabaseURL, store.Options{MaxOpenConns: 1, ApplicationName: "retention-janitor",
+		WALCompression: set, AsyncCommit: true})
 	if err != nil {
 		return canceled(fmt.Errorf("open store: %w", err))
 	}
 	defer st.Close()
+	if session, err = readSession(setupCtx, st); err != nil {
+		return canceled(err)
+	}
+	if refused != "" {
+		log.Warn("wal_compression stays at the server's setting", slog.String("wanted", cfg.WALCompression),
+			slog.String("server", session.WALCompression), slog.String("reason", refused))
+	}
 	v, err := st.SchemaVersion(setupCtx)
 	if err != nil {
 		return canceled(fmt.Errorf("schema version: %w", err))
@@ -170,27 +180,40 @@ func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error
 // trySetWALCompression tries want as the lock session's wal_compression, so
 // the server decides whether the role may set it (superuser, or SET granted
 // on PostgreSQL 15) and whether it knows the method. It returns what the
-// store's sessions should set ("" for the server's setting), the value in
-// effect, and why want is not used ("" when it is).
-func trySetWALCompression(ctx context.Context, conn *pgx.Conn, want string) (set, effective, refused string, err error) {
-	if want != WALCompressionServer {
-		_, err := conn.Exec(ctx, `SELECT set_config('wal_compression', $1, false)`, want)
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-			set = want
-		case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
-			refused = "this role may not set it"
-		case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
-			refused = "this server does not support it"
-		default:
-			return "", "", "", fmt.Errorf("set wal_compression: %w: %w", store.ErrUnavailable, err)
-		}
+// store's sessions should set ("" for the server's setting) and why want is
+// not used ("" when it is).
+func trySetWALCompression(ctx context.Context, conn *pgx.Conn, want string) (set, refused string, err error) {
+	if want == WALCompressionServer {
+		return "", "", nil
 	}
-	if err := conn.QueryRow(ctx, `SELECT current_setting('wal_compression')`).Scan(&effective); err != nil {
-		return "", "", "", fmt.Errorf("read wal_compression: %w: %w", store.ErrUnavailable, err)
+	_, err = conn.Exec(ctx, `SELECT set_config('wal_compression', $1, false)`, want)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return want, "", nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		return "", "this role may not set it", nil
+	case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
+		return "", "this server does not support it", nil
+	default:
+		return "", "", fmt.Errorf("set wal_compression: %w: %w", store.ErrUnavailable, err)
 	}
-	return set, effective, refused, nil
+}
+
+// deleteSession is what the summary reports of the session the deletes run in.
+type deleteSession struct {
+	WALCompression    string
+	SynchronousCommit string
+}
+
+func readSession(ctx context.Context, st *store.Store) (deleteSession, error) {
+	var d deleteSession
+	err := st.DB().QueryRowContext(ctx, `SELECT current_setting('wal_compression'), current_setting('synchronous_commit')`).
+		Scan(&d.WALCompression, &d.SynchronousCommit)
+	if err != nil {
+		return deleteSession{}, fmt.Errorf("read session settings: %w: %w", store.ErrUnavailable, err)
+	}
+	return d, nil
 }
 
 func unlock(ctx context.Context, conn *pgx.Conn, held bool) error {

@@ -22,6 +22,7 @@ import (
 func TestRunDeletesAndLogsOneSummary(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	storetest.Durable(t, f.adminDSN) // so the janitor's own synchronous_commit shows
 	f.seed(t, 1, 3_000, 2_500)
 	before := f.snapshot(t)
 	sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
@@ -34,8 +35,8 @@ func TestRunDeletesAndLogsOneSummary(t *testing.T) {
 	if sum.DurationSeconds <= 0 {
 		t.Fatalf("duration_seconds = %v", sum.DurationSeconds)
 	}
-	if want := f.defaultWALCompression(t); sum.WALCompression != want {
-		t.Fatalf("wal_compression = %q, want %q", sum.WALCompression, want)
+	if want := f.defaultWALCompression(t); sum.WALCompression != want || sum.SyncCommit != "off" {
+		t.Fatalf("wal_compression = %q (want %q), synchronous_commit = %q (want off)", sum.WALCompression, want, sum.SyncCommit)
 	}
 	if expired, live := f.payloads(t); expired != 0 || live != 500 {
 		t.Fatalf("after run: %d expired, %d live", expired, live)
