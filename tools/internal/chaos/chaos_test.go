@@ -56,22 +56,8 @@ func TestChaos(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), total+10*time.Minute)
 	defer cancel()
 
-	cluster, err := StartCluster(ctx)
-	if errors.Is(err, ErrNoServerBinaries) {
-		t.Fatalf("%v (the chaos run restarts a PostgreSQL of its own and cannot use a shared server)", err)
-	}
-	if err != nil {
-		t.Fatalf("start a throwaway PostgreSQL cluster: %v", err)
-	}
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stop cluster: %v", err)
-		}
-	}()
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cluster := startCluster(ctx, t)
+	root := repoRoot(t)
 	work := t.TempDir()
 	bins, err := Build(ctx, root, work)
 	if err != nil {
@@ -99,6 +85,34 @@ func TestChaos(t *testing.T) {
 		})
 	}
 	t.Log(summary(reports, time.Since(began)))
+}
+
+// startCluster starts a throwaway PostgreSQL cluster that the test stops and removes at its end.
+func startCluster(ctx context.Context, t *testing.T) *Cluster {
+	t.Helper()
+	cluster, err := StartCluster(ctx)
+	if errors.Is(err, ErrNoServerBinaries) {
+		t.Fatalf("%v (the test restarts a PostgreSQL of its own and cannot use a shared server)", err)
+	}
+	if err != nil {
+		t.Fatalf("start a throwaway PostgreSQL cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Errorf("stop cluster: %v", err)
+		}
+	})
+	return cluster
+}
+
+// repoRoot is the repository's root directory, where the binaries are built from.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 // summary is the figures of the whole run, in the form docs/reliability.md quotes.

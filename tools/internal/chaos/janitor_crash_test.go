@@ -24,22 +24,10 @@ func TestJanitorAcrossPostgresCrash(t *testing.T) {
 	const expired, live = 40_000, 1_000
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cluster, err := StartCluster(ctx)
-	if err != nil {
-		t.Fatalf("start a throwaway PostgreSQL cluster: %v", err)
-	}
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stop cluster: %v", err)
-		}
-	}()
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cluster := startCluster(ctx, t)
 	bin := filepath.Join(t.TempDir(), "retention-janitor")
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join(root, "services", "retention-janitor")
+	build.Dir = filepath.Join(repoRoot(t), "services", "retention-janitor")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build retention-janitor: %v\n%s", err, out)
 	}
