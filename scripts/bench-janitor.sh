@@ -12,7 +12,7 @@
 #                               sustains on the single route: a latency test, not a throughput test)
 #   BENCH_PRODUCERS=16          concurrent producers, single route, one request in flight each
 #   BENCH_PAYLOAD_BYTES=600     padding per ingested payload (about 1 KiB signed envelopes)
-#   BENCH_JANITOR_ROWS=100000   expired payload rows seeded before every round
+#   BENCH_JANITOR_ROWS=100000   expired payload rows seeded before every janitor run
 #   BENCH_JANITOR_ENVELOPE_BYTES=1000   size of each seeded (expired) envelope
 #   BENCH_JANITOR_DELAY=1       seconds between ingest's first request and the janitor's start
 #   BENCH_JANITOR_BATCH=        the janitor's JANITOR_BATCH_SIZE (1-1000; unset: its default)
@@ -63,7 +63,10 @@ if [ -n "${BENCH_JANITOR_VARIANTS:-}" ]; then
 	for v in "${variants[@]}"; do
 		IFS=, read -r -a kvs <<<"$v"
 		for kv in "${kvs[@]}"; do
-			case "$kv" in JANITOR_[A-Z_]*=?*) ;; *) die "variant setting '$kv' is not JANITOR_NAME=value" ;; esac
+			case "$kv" in
+			JANITOR_TIMEOUT=?* | JANITOR_BATCH_SIZE=?* | JANITOR_MAX_ROWS_PER_SECOND=?* | JANITOR_WAL_COMPRESSION=?*) ;;
+			*) die "variant setting '$kv' is not one of the janitor's JANITOR_TIMEOUT, JANITOR_BATCH_SIZE, JANITOR_MAX_ROWS_PER_SECOND, JANITOR_WAL_COMPRESSION=value" ;;
+			esac
 		done
 	done
 else
@@ -235,25 +238,34 @@ row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "FPI k" "fs
 # WAL written by the whole server during a run (ours and any neighbour's): the bytes the flushes carry,
 # the full-page images among the records, and the WAL fsyncs (pg_stat_wal; backends report within a
 # second, so a run's tail may count in the next one).
-wal_mark() { psql_admin -c "SELECT pg_current_wal_lsn() || ',' || wal_fpi || ',' || wal_sync FROM pg_stat_wal"; }
+# Through to_jsonb, a column this server's pg_stat_wal lacks (wal_sync went to pg_stat_io in PostgreSQL
+# 18) reads as empty, and its column shows '-'.
+wal_mark() {
+	psql_admin -c "SELECT pg_current_wal_lsn() || ',' || coalesce(w->>'wal_fpi', '') || ',' || coalesce(w->>'wal_sync', '')
+		FROM (SELECT to_jsonb(s) AS w FROM pg_stat_wal s) AS x"
+}
+# wal_delta MARK -> "MB FPI-thousands FSYNCS" since MARK.
 wal_delta() {
-	local lsn fpi syncs
+	local lsn fpi syncs now_lsn now_fpi now_syncs mb
 	IFS=, read -r lsn fpi syncs <<<"$1"
-	psql_admin -F ' ' -c "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$lsn') / 1048576.0, 1),
-		round((wal_fpi - $fpi) / 1000.0, 1), wal_sync - $syncs FROM pg_stat_wal"
+	IFS=, read -r now_lsn now_fpi now_syncs <<<"$(wal_mark)"
+	mb=$(psql_admin -c "SELECT round(pg_wal_lsn_diff('$now_lsn', '$lsn') / 1048576.0, 1)")
+	awk -v mb="$mb" -v f0="$fpi" -v f1="$now_fpi" -v s0="$syncs" -v s1="$now_syncs" 'BEGIN {
+		printf "%s %s %s\n", mb, (f0 == "" || f1 == "" ? "-" : sprintf("%.1f", (f1 - f0) / 1000)), (s0 == "" || s1 == "" ? "-" : s1 - s0) }'
 }
 base_p99=()
 declare -A jan_p99=() jan_rps=() # by variant number: space-separated, one per round
 overlaps=()
 
 run_baseline() {
-	local r=$1 out mark wal
+	local r=$1 out mark delta wal
 	log "round $r: (a) ingest alone, ${rate} env/s for ${seconds}s"
 	mark=$(wal_mark)
 	ingest_run "$work/a$r.json"
 	ingest_wait "$work/a$r.json"
 	out=$report
-	read -r -a wal <<<"$(wal_delta "$mark")"
+	delta=$(wal_delta "$mark") # not inside <<<, where set -e would not see a failure
+	read -r -a wal <<<"$delta"
 	base_p99+=("$(field "$out" p99_ns)")
 	row "$r" "a ingest alone" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
 		"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" \
@@ -262,7 +274,7 @@ run_baseline() {
 
 # run_with_janitor ROUND VARIANT: ingest beside one janitor run with variant number VARIANT's settings.
 run_with_janitor() {
-	local r=$1 vi=$2 out before mark wal i t_ing t_js t_je t_ie sum jr js stopped overlap rps jrc=0 tag
+	local r=$1 vi=$2 out before mark delta wal i t_ing t_js t_je t_ie sum jr js stopped overlap rps jrc=0 tag
 	local -a jenv=()
 	tag="$r.$vi"
 	[ -z "${variants[$vi]}" ] || IFS=, read -r -a jenv <<<"${variants[$vi]}"
@@ -289,7 +301,8 @@ run_with_janitor() {
 	t_je=$(now)
 	ingest_wait "$work/b$tag.json"
 	out=$report
-	read -r -a wal <<<"$(wal_delta "$mark")"
+	delta=$(wal_delta "$mark")
+	read -r -a wal <<<"$delta"
 	# Ingest's window ends elapsed_ns after its clock started (about when the first envelope was seen).
 	t_ie=$(awk -v s="$t_ing" -v ns="$(field "$out" elapsed_ns)" 'BEGIN { printf "%.3f", s + ns / 1e9 }')
 	sum=$(grep '"msg":"retention summary"' "$work/janitor$tag.log" | tail -n 1 || true)
@@ -372,6 +385,6 @@ BEGIN {
 done
 awk -v o="${overlaps[*]}" -v secs="$seconds" 'BEGIN {
 	n = split(o, os, " "); for (i = 1; i <= n; i++) if (os[i] < secs / 2) short++
-	if (short) printf "note: in %d of %d rounds the janitor overlapped less than half of the %ds ingest run, so its effect on p99 is diluted; seed more rows (BENCH_JANITOR_ROWS) or shorten BENCH_SECONDS\n", short, n, secs
+	if (short) printf "note: in %d of %d janitor runs the janitor overlapped less than half of the %ds ingest run, so its effect on p99 is diluted; seed more rows (BENCH_JANITOR_ROWS) or shorten BENCH_SECONDS\n", short, n, secs
 }'
 exit "$status"

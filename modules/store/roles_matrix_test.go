@@ -201,15 +201,15 @@ FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&attrs, &members, &schemaCreat
 			t.Errorf("%s: elevated attribute %v, %d memberships, CREATE on schema %v, USAGE %v, CREATE on database %v",
 				role, attrs, members, schemaCreate, schemaUsage, dbCreate)
 		}
-		// Superuser-only settings (PostgreSQL 15 grants them one by one): the
-		// janitor may SET wal_compression (migration 0004); nobody may set any
-		// other one, nor ALTER SYSTEM.
+		// Settings (PostgreSQL 15 grants them one by one): the janitor may SET
+		// wal_compression (migration 0004); nobody may SET any other
+		// superuser-only one, nor ALTER SYSTEM any setting at all.
 		if parameterACLs {
 			var set, alter string
 			if err := f.admin.QueryRowContext(ctx, `
-SELECT coalesce(string_agg(name, ',' ORDER BY name) FILTER (WHERE has_parameter_privilege($1, name, 'SET')), ''),
+SELECT coalesce(string_agg(name, ',' ORDER BY name) FILTER (WHERE context = 'superuser' AND has_parameter_privilege($1, name, 'SET')), ''),
        coalesce(string_agg(name, ',' ORDER BY name) FILTER (WHERE has_parameter_privilege($1, name, 'ALTER SYSTEM')), '')
-FROM pg_settings WHERE context = 'superuser'`, role).Scan(&set, &alter); err != nil {
+FROM pg_settings`, role).Scan(&set, &alter); err != nil {
 				t.Fatal(err)
 			}
 			want := ""

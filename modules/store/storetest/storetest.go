@@ -79,8 +79,9 @@ func NewDatabase(t testing.TB) string {
 	return WithDatabase(AdminDSN(), name)
 }
 
-// Durable restores synchronous_commit to the server default for the database
-// behind dsn (made by NewDatabase), for sessions opened afterwards.
+// Durable sets synchronous_commit = on for the database behind dsn (made by
+// NewDatabase), for sessions opened afterwards, whatever the server's default
+// (the throwaway cluster of scripts/pg.sh turns it off server-wide).
 func Durable(t testing.TB, dsn string) {
 	t.Helper()
 	u, err := url.Parse(dsn)
@@ -92,7 +93,7 @@ func Durable(t testing.TB, dsn string) {
 		t.Fatalf("storetest: open admin: %v", err)
 	}
 	defer admin.Close()
-	if _, err := admin.Exec(`ALTER DATABASE ` + pgIdent(u.Path[1:]) + ` RESET synchronous_commit`); err != nil {
+	if _, err := admin.Exec(`ALTER DATABASE ` + pgIdent(u.Path[1:]) + ` SET synchronous_commit = on`); err != nil {
 		t.Fatalf("storetest: configure database: %v", err)
 	}
 }

@@ -51,14 +51,41 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 	}
 	if len(applied) == 0 {
 		fmt.Fprintf(c.Stdout, "schema is at version %d; nothing to apply\n", migrations.Latest())
-		return ExitOK
+	} else {
+		vs := make([]string, len(applied))
+		for i, v := range applied {
+			vs[i] = strconv.Itoa(v)
+		}
+		fmt.Fprintf(c.Stdout, "applied migration(s) %s; schema is at version %d\n", strings.Join(vs, ", "), migrations.Latest())
 	}
-	vs := make([]string, len(applied))
-	for i, v := range applied {
-		vs[i] = strconv.Itoa(v)
+	// Migration 0004 grants this only where the migrator may; its notice does not reach the operator.
+	if note, err := walCompressionGrantNote(cctx, db, "envelopeworker_janitor"); err != nil {
+		fmt.Fprintf(c.Stderr, "note: could not check the janitor's SET privilege on wal_compression: %v\n", err)
+	} else if note != "" {
+		fmt.Fprintln(c.Stderr, note)
 	}
-	fmt.Fprintf(c.Stdout, "applied migration(s) %s; schema is at version %d\n", strings.Join(vs, ", "), migrations.Latest())
 	return ExitOK
+}
+
+// walCompressionGrantNote says what to run when role may not SET wal_compression on a server that
+// can grant it (PostgreSQL 15 on); "" when it may, or when the server cannot grant it at all.
+func walCompressionGrantNote(ctx context.Context, db *sql.DB, role string) (string, error) {
+	var v15 bool
+	if err := db.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int >= 150000`).Scan(&v15); err != nil {
+		return "", fmt.Errorf("server version: %w", err)
+	}
+	if !v15 {
+		return "", nil
+	}
+	var granted bool
+	if err := db.QueryRowContext(ctx, `SELECT has_parameter_privilege($1, 'wal_compression', 'SET')`, role).Scan(&granted); err != nil {
+		return "", fmt.Errorf("parameter privilege: %w", err)
+	}
+	if granted {
+		return "", nil
+	}
+	return fmt.Sprintf("note: %s may not SET wal_compression, so the retention-janitor's deletes write uncompressed page images "+
+		"(twice the WAL); as a superuser run: GRANT SET ON PARAMETER wal_compression TO %s; (docs/operations.md)", role, role), nil
 }
 
 func runCredentialIssue(ctx context.Context, c *cli, path string, args []string) int {

@@ -40,6 +40,38 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// migrate tells the operator when the janitor's role lacks SET on wal_compression (migration 0004
+// grants it only where the migrator is a superuser, and its notice never reaches the terminal).
+func TestWALCompressionGrantNote(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	db := storetest.Open(t, dsn).DB().DB
+	ctx := context.Background()
+	var v15 bool
+	if err := db.QueryRow(`SELECT current_setting('server_version_num')::int >= 150000`).Scan(&v15); err != nil {
+		t.Fatal(err)
+	}
+	// The test cluster's migrator is a superuser: the janitor has the grant, and migrate says nothing.
+	if note, err := walCompressionGrantNote(ctx, db, "envelopeworker_janitor"); err != nil || note != "" {
+		t.Fatalf("janitor role: note %q, %v; want none", note, err)
+	}
+	r := run(t, dsn, "migrate")
+	r.expect(t, ExitOK, "")
+	if strings.Contains(r.stderr, "wal_compression") {
+		t.Errorf("migrate with the grant in place: stderr %q", r.stderr)
+	}
+	// A role without it gets the GRANT to run.
+	role := fmt.Sprintf("envelopeworker_test_nogrant_%x", time.Now().UnixNano())
+	if _, err := db.Exec(`CREATE ROLE ` + role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec(`DROP ROLE IF EXISTS ` + role) })
+	note, err := walCompressionGrantNote(ctx, db, role)
+	want := "GRANT SET ON PARAMETER wal_compression TO " + role
+	if err != nil || (v15 && !strings.Contains(note, want)) || (!v15 && note != "") {
+		t.Fatalf("role without the grant: note %q, %v; want it to say %q on PostgreSQL 15 and later", note, err, want)
+	}
+}
+
 func TestUnreachableDatabase(t *testing.T) {
 	// Port 1 on loopback refuses at once: a failure after reaching for the database is exit 1.
 	dead := "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5"

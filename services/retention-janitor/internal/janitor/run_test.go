@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"flag"
 	"io"
@@ -84,9 +85,13 @@ func TestRunWALCompression(t *testing.T) {
 	t.Run("role may not set it", func(t *testing.T) {
 		// A role with the janitor's table privileges but not SET on the
 		// parameter, as where the migrator was no superuser.
-		const role = "envelopeworker_test_janitor_nowal"
-		f.exec(t, `DO $$ BEGIN CREATE ROLE `+role+` LOGIN;
-			EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$`)
+		role := fmt.Sprintf("envelopeworker_test_nowal_%x", time.Now().UnixNano())
+		f.exec(t, `CREATE ROLE `+role+` LOGIN`)
+		t.Cleanup(func() {
+			// Its grants live in this database, which goes after this cleanup.
+			_, _ = f.admin.Exec(`DROP OWNED BY ` + role)
+			_, _ = f.admin.Exec(`DROP ROLE ` + role)
+		})
 		f.exec(t, `GRANT USAGE ON SCHEMA public TO `+role)
 		f.exec(t, `GRANT SELECT ON schema_migrations TO `+role)
 		f.exec(t, `GRANT SELECT, DELETE ON inbound_payloads TO `+role)
