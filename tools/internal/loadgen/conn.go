@@ -101,11 +101,14 @@ func (c *conn) dial(ctx context.Context) error {
 
 func (c *conn) exchange(ctx context.Context, body []byte) (int, []byte, error) {
 	deadline, _ := ctx.Deadline() // none: the zero time, no deadline
-	if err := c.c.SetDeadline(deadline); err != nil {
+	nc := c.c
+	if err := nc.SetDeadline(deadline); err != nil {
 		return 0, nil, err
 	}
-	// A cancel before the deadline interrupts the blocked read or write.
-	stop := context.AfterFunc(ctx, func() { _ = c.c.SetDeadline(time.Unix(1, 0)) })
+	// A cancel before the deadline interrupts the blocked read or write. The func may still run
+	// after exchange returned (stop does not wait for it) and close cleared c.c: it keeps its own
+	// reference, and a deadline on a closed connection is harmless.
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
 	_, _ = c.bw.Write(c.head)
