@@ -2,9 +2,9 @@ package janitor
 
 import (
 	"context"
-	"fmt"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
