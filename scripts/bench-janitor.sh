@@ -26,9 +26,10 @@
 #
 # It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench_janitor, migrates it,
 # builds the binaries, starts ingest-api on a free loopback port with limiters opened wide (as
-# bench-ingest.sh), sets up producers with loadgen-ingest, and per round seeds the expired rows as the
-# admin with set-based SQL (identities, payloads, their stream and key; VACUUM ANALYZE and CHECKPOINT
-# outside every measurement). In (j) the retention-janitor binary runs once, as envelopeworker_janitor
+# bench-ingest.sh), sets up producers with loadgen-ingest, and before every measured run seeds the same
+# number of rows as the admin with set-based SQL (expired ones before a janitor run, live ones before
+# ingest alone; identities, payloads, their stream and key; VACUUM ANALYZE and CHECKPOINT outside every
+# measurement). In (j) the retention-janitor binary runs once, as envelopeworker_janitor
 # when the server lets that role in (else the admin DSN), started once ingest's first request is seen;
 # its summary line gives rows deleted and duration. Ingest payloads expire in the future, so the janitor
 # deletes only the seeded rows. A 5 s warm-up run goes first, unrecorded. The table gives each run's
@@ -157,13 +158,21 @@ psql_admin -c "INSERT INTO producer_keys (tenant_id, key_id, public_key, state, 
 	VALUES ('bench-expired', 'k-expired', sha256('bench-expired'::bytea), 'retired', now() - interval '200 days')" ||
 	die "seeding the expired tenant's key failed"
 next_seq=1
-# seed_expired N: N more identities of stream (bench-expired, p-expired, d-expired), each with an expired
-# payload of about jbytes bytes; expires_at is spread over a few minutes, a day ago, as a real backlog is.
+# seed_payloads N expired|live: N more identities of stream (bench-expired, p-expired, d-expired), each with
+# a payload of about jbytes bytes; an expired one's expires_at is spread over a few minutes a day ago, as a
+# real backlog is, a live one's lies 1,000 days ahead. Every measured run follows a seed of N rows (live
+# ones before ingest alone), so each starts with the same rows just written and the same share of
+# shared_buffers taken by them; only what the janitor itself does differs.
 # Each payload is shaped like a signed envelope (hex ids, an 86-character signature, telemetry readings
 # with random values), not padding: how well its pages compress is part of what WAL a delete writes.
-seed_expired() {
-	local from=$next_seq to=$((next_seq + $1 - 1))
-	psql_admin -v from="$from" -v to="$to" -v bytes="$jbytes" <<'SQL' || die "seeding expired payloads failed"
+seed_payloads() {
+	local from=$next_seq to=$((next_seq + $1 - 1)) base
+	case "$2" in
+	expired) base="1 day ago" ;;
+	live) base="1000 days" ;;
+	*) die "seed_payloads: $2" ;;
+	esac
+	psql_admin -v from="$from" -v to="$to" -v bytes="$jbytes" -v base="$base" <<'SQL' || die "seeding $2 payloads failed"
 BEGIN;
 INSERT INTO event_identities
 	(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at, received_at)
@@ -183,7 +192,7 @@ SELECT 'bench-expired', sha256(('e' || i)::bytea),
 		(SELECT string_agg(format('{"t":%s,"v":%s}', 1754006400 + i * 60 + k, round(random()::numeric, 4)), ',')
 		 FROM generate_series(1, greatest(1, (:bytes - 420) / 27)) AS k),
 		i, translate(encode(sha512(('s' || i)::bytea), 'base64'), E'\n=', '')), :bytes), 'UTF8'),
-	now() - interval '1 day' + make_interval(secs => (i % 300000) / 1000.0)
+	now() + :'base'::interval + make_interval(secs => (i % 300000) / 1000.0)
 FROM generate_series(:from::bigint, :to::bigint) AS i;
 INSERT INTO streams (tenant_id, project_id, producer_id, cursor) VALUES ('bench-expired', 'p-expired', 'd-expired', :to)
 ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now();
@@ -337,12 +346,14 @@ for r in $(seq 1 "$rounds"); do
 	for k in $(seq 0 $((slots - 1))); do
 		slot=$(((k + r - 1) % slots))
 		if [ "$slot" = 0 ]; then
+			log "round $r: seeding $jrows live payloads (${jbytes} B each)"
+			seed_payloads "$jrows" live
 			settle
 			run_baseline "$r"
 			continue
 		fi
 		log "round $r: seeding $jrows expired payloads (${jbytes} B each)"
-		seed_expired "$jrows"
+		seed_payloads "$jrows" expired
 		settle
 		run_with_janitor "$r" $((slot - 1))
 		left=$(expired_left)
