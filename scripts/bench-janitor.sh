@@ -12,8 +12,8 @@
 #                               sustains on the single route: a latency test, not a throughput test)
 #   BENCH_PRODUCERS=16          concurrent producers, single route, one request in flight each
 #   BENCH_PAYLOAD_BYTES=600     padding per ingested payload (about 1 KiB signed envelopes)
-#   BENCH_JANITOR_ROWS=100000   expired payload rows seeded before every janitor run
-#   BENCH_JANITOR_ENVELOPE_BYTES=1000   size of each seeded (expired) envelope
+#   BENCH_JANITOR_ROWS=100000   rows seeded before every measured run: expired before a janitor run, live before ingest alone
+#   BENCH_JANITOR_ENVELOPE_BYTES=1000   size of each seeded envelope
 #   BENCH_JANITOR_DELAY=1       seconds between ingest's first request and the janitor's start
 #   BENCH_JANITOR_BATCH=        the janitor's JANITOR_BATCH_SIZE (1-1000; unset: its default)
 #   BENCH_JANITOR_RATE=         the janitor's JANITOR_MAX_ROWS_PER_SECOND (unset: its default; 0: no cap)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
@@ -97,6 +98,44 @@ func TestRunWALCompression(t *testing.T) {
 		f.exec(t, `GRANT SELECT, DELETE ON inbound_payloads TO `+role)
 		run(t, storetest.DSNForRole(f.adminDSN, role), server, true)
 	})
+}
+
+// Each answer of the server to the lock session's trial SET: used, refused
+// for the role (insufficient_privilege), or a method this server lacks
+// (invalid_parameter_value; LoadConfig refuses unknown names, so the trial
+// is driven here directly with one no server knows).
+func TestTrySetWALCompression(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, f.janitorDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, tc := range []struct{ want, set, refused string }{
+		{WALCompressionServer, "", ""},
+		{"no-such-method", "", "this server does not support it"},
+	} {
+		set, refused, err := trySetWALCompression(ctx, conn, tc.want)
+		if err != nil || set != tc.set || refused != tc.refused {
+			t.Errorf("%s: set %q, refused %q, %v; want %q, %q", tc.want, set, refused, err, tc.set, tc.refused)
+		}
+	}
+	if f.grantable(t) {
+		if set, refused, err := trySetWALCompression(ctx, conn, "pglz"); err != nil || set != "pglz" || refused != "" {
+			t.Errorf("pglz as the janitor: set %q, refused %q, %v", set, refused, err)
+		}
+	}
+	// A connection that is gone is a failure of the run, not a refusal.
+	dead, err := pgx.Connect(ctx, f.janitorDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = dead.Close(ctx)
+	if _, _, err := trySetWALCompression(ctx, dead, "lz4"); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("closed connection: %v, want ErrUnavailable", err)
+	}
 }
 
 func TestRunHelp(t *testing.T) {
