@@ -242,25 +242,35 @@ ingest_wait() {
 }
 
 rows=()
-row() { rows+=("$(printf '%-5s %-16s %7s %7s %7s %8s %8s %7s %7s %7s %9s %9s %8s %9s' "$@")"); }
-row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "FPI k" "fsyncs" "j.rows" "j.secs" "j.rows/s" "overlap s"
-# WAL written by the whole server during a run (ours and any neighbour's): the bytes the flushes carry,
-# the full-page images among the records, and the WAL fsyncs (pg_stat_wal; backends report within a
-# second, so a run's tail may count in the next one).
-# Through to_jsonb, a column this server's pg_stat_wal lacks (wal_sync went to pg_stat_io in PostgreSQL
-# 18) reads as empty, and its column shows '-'.
+row() { rows+=("$(printf '%-5s %-16s %7s %7s %7s %8s %8s %7s %7s %7s %7s %7s %5s %9s %9s %8s %9s' "$@")"); }
+row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "FPI k" "fsyncs" "bkwr k" "read k" "cpu%" "j.rows" "j.secs" "j.rows/s" "overlap s"
+# What the whole server and machine did during a run (ours and any neighbour's): the WAL bytes the
+# flushes carry, the full-page images among the records and the WAL fsyncs (pg_stat_wal); the dirty
+# buffers backends had to write out themselves to make room (pg_stat_bgwriter.buffers_backend) and the
+# blocks read into shared_buffers (pg_stat_database.blks_read, this database); and the machine's CPU
+# busy share over both cores (/proc/stat: neither idle nor iowait). Backends report within a second, so
+# a run's tail may count in the next one. Through to_jsonb, a column this server lacks (wal_sync and
+# buffers_backend went to pg_stat_io in PostgreSQL 17-18) reads as empty, and its column shows '-'; so
+# does the CPU column where /proc/stat is missing.
+cpu_mark() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; printf "%d:%d", t - $5 - $6, t; exit }' /proc/stat 2>/dev/null || true; }
 wal_mark() {
-	psql_admin -c "SELECT pg_current_wal_lsn() || ',' || coalesce(w->>'wal_fpi', '') || ',' || coalesce(w->>'wal_sync', '')
-		FROM (SELECT to_jsonb(s) AS w FROM pg_stat_wal s) AS x"
+	printf '%s,%s\n' "$(psql_admin -c "SELECT pg_current_wal_lsn() || ',' || coalesce(w->>'wal_fpi', '') || ',' || coalesce(w->>'wal_sync', '')
+		|| ',' || coalesce(b->>'buffers_backend', '') || ',' || (SELECT blks_read FROM pg_stat_database WHERE datname = current_database())
+		FROM (SELECT to_jsonb(s) AS w FROM pg_stat_wal s) AS x, (SELECT to_jsonb(g) AS b FROM pg_stat_bgwriter g) AS y")" "$(cpu_mark)"
 }
-# wal_delta MARK -> "MB FPI-thousands FSYNCS" since MARK.
+# wal_delta MARK -> "MB FPI-thousands FSYNCS BACKEND-WRITES-thousands READS-thousands CPU%" since MARK.
 wal_delta() {
-	local lsn fpi syncs now_lsn now_fpi now_syncs mb
-	IFS=, read -r lsn fpi syncs <<<"$1"
-	IFS=, read -r now_lsn now_fpi now_syncs <<<"$(wal_mark)"
+	local lsn fpi syncs bw rd cpu now_lsn now_fpi now_syncs now_bw now_rd now_cpu mb
+	IFS=, read -r lsn fpi syncs bw rd cpu <<<"$1"
+	IFS=, read -r now_lsn now_fpi now_syncs now_bw now_rd now_cpu <<<"$(wal_mark)"
 	mb=$(psql_admin -c "SELECT round(pg_wal_lsn_diff('$now_lsn', '$lsn') / 1048576.0, 1)")
-	awk -v mb="$mb" -v f0="$fpi" -v f1="$now_fpi" -v s0="$syncs" -v s1="$now_syncs" 'BEGIN {
-		printf "%s %s %s\n", mb, (f0 == "" || f1 == "" ? "-" : sprintf("%.1f", (f1 - f0) / 1000)), (s0 == "" || s1 == "" ? "-" : s1 - s0) }'
+	awk -v mb="$mb" -v f0="$fpi" -v f1="$now_fpi" -v s0="$syncs" -v s1="$now_syncs" -v b0="$bw" -v b1="$now_bw" \
+		-v r0="$rd" -v r1="$now_rd" -v c0="$cpu" -v c1="$now_cpu" '
+function k(a, b) { return (a == "" || b == "" ? "-" : sprintf("%.1f", (b - a) / 1000)) }
+BEGIN {
+	split(c0, x, ":"); split(c1, y, ":")
+	cpu = (c0 == "" || c1 == "" || y[2] <= x[2] ? "-" : sprintf("%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2])))
+	printf "%s %s %s %s %s %s\n", mb, k(f0, f1), (s0 == "" || s1 == "" ? "-" : s1 - s0), k(b0, b1), k(r0, r1), cpu }'
 }
 base_p99=()
 declare -A jan_p99=() jan_rps=() # by variant number: space-separated, one per round

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -139,6 +140,100 @@ func TestTwoSweepsAtOnceDeleteEachRowOnce(t *testing.T) {
 		t.Fatalf("after sweeps: %d expired, %d live", expired, live)
 	}
 	f.assertUntouched(t, before)
+}
+
+// The store deletes by ctid (a row's physical slot). VACUUM frees the slots of
+// deleted rows and an insert may take one at once, so this runs sweeps in
+// small batches beside a VACUUM loop and a writer of new live payloads: every
+// live row, old or new, must survive, and every expired row go exactly once.
+func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 20_000, 15_000)
+	lastSeedPage := f.count(t, `SELECT max((ctid::text::point)[0])::bigint FROM inbound_payloads`)
+	stores := []Deleter{storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN)}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var bg sync.WaitGroup
+	var vacuums int64
+	bgErr := make(chan error, 2)
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		for ctx.Err() == nil {
+			if _, err := f.admin.ExecContext(ctx, `VACUUM inbound_payloads`); err != nil && ctx.Err() == nil {
+				bgErr <- fmt.Errorf("vacuum: %w", err)
+				return
+			}
+			vacuums++
+		}
+	}()
+	go func() {
+		defer bg.Done()
+		for next := int64(20_001); ctx.Err() == nil; next += 20 {
+			// One small transaction of 20 new live payloads, as ingest writes them.
+			_, err := f.admin.ExecContext(ctx, `WITH ids AS (
+				INSERT INTO event_identities
+					(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at)
+				SELECT 't1', sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
+				FROM generate_series($1::bigint, $1::bigint + 19) AS i
+				RETURNING event_identity, sequence)
+				INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+				SELECT 't1', event_identity, convert_to('{"sequence":' || sequence || '}', 'UTF8'), now() + interval '1 day' FROM ids`, next)
+			if err != nil {
+				if ctx.Err() == nil {
+					bgErr <- fmt.Errorf("insert live payloads: %w", err)
+				}
+				return
+			}
+		}
+	}()
+	sums := make([]Summary, len(stores))
+	errs := make([]error, len(stores))
+	var wg sync.WaitGroup
+	for i := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sums[i], errs[i] = Sweep(context.Background(), stores[i], time.Now(), Pace{Batch: 50})
+		}()
+	}
+	wg.Wait()
+	stop()
+	bg.Wait()
+	close(bgErr)
+	for err := range bgErr {
+		t.Fatal(err)
+	}
+	var total int64
+	for i := range stores {
+		if errs[i] != nil || sums[i].StoppedBy != StoppedDone {
+			t.Fatalf("sweep %d: %v, stopped by %s", i, errs[i], sums[i].StoppedBy)
+		}
+		total += sums[i].RowsDeleted
+	}
+	if total != 15_000 {
+		t.Fatalf("rows deleted %d, want 15000", total)
+	}
+	// Counted in the database: the cancel that stops the writer may land
+	// after its last insert committed.
+	inserted := f.count(t, `SELECT count(*) FROM event_identities WHERE sequence > 20000`)
+	// New rows in the seed's pages took slots VACUUM freed.
+	reused := f.count(t, `SELECT count(*) FROM inbound_payloads p JOIN event_identities e USING (tenant_id, event_identity)
+		WHERE e.sequence > 20000 AND (p.ctid::text::point)[0] <= $1`, lastSeedPage)
+	if vacuums == 0 || reused == 0 {
+		t.Fatalf("the sweeps ran beside %d VACUUMs and %d new rows, %d of them in freed slots; the test needs both", vacuums, inserted, reused)
+	}
+	expired, live := f.payloads(t)
+	if expired != 0 || live != 5_000+inserted {
+		t.Fatalf("after sweeps: %d expired, %d live, want 0 and %d (5000 seeded + %d inserted)", expired, live, 5_000+inserted, inserted)
+	}
+	// Each survivor is its own row: its envelope still names its identity's sequence.
+	if n := f.count(t, `SELECT count(*) FROM inbound_payloads p JOIN event_identities e USING (tenant_id, event_identity)
+		WHERE p.envelope = convert_to('{"sequence":' || e.sequence || '}', 'UTF8')`); n != live {
+		t.Fatalf("%d of %d live payloads match their identity", n, live)
+	}
+	t.Logf("15000 rows deleted in batches of 50 by %d sweeps beside %d VACUUMs and %d new live rows (%d in freed slots)", len(stores), vacuums, inserted, reused)
 }
 
 func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
