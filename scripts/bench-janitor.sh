@@ -33,7 +33,7 @@
 # when the server lets that role in (else the admin DSN), started once ingest's first request is seen;
 # its summary line gives rows deleted and duration. Ingest payloads expire in the future, so the janitor
 # deletes only the seeded rows. A 5 s warm-up run goes first, unrecorded. The table gives each run's
-# latency and the WAL the server wrote during it; the verdict is the median of the per-round p99 ratios
+# latency, the WAL the server wrote during it, the buffers backends wrote and read, and the machine's CPU; the verdict is the median of the per-round p99 ratios
 # (a neighbour's burst of load swings single runs 2-5x on a shared machine). Everything stops (ingest-api, a running load generator or janitor, a
 # throwaway cluster pg.sh started) and the database is dropped on exit. Every wait is bounded.
 set -euo pipefail

@@ -53,11 +53,12 @@ const (
 	DefaultPushTimeout = 10 * time.Second
 	// DefaultBatchSize: a DELETE of 100 envelope-sized rows writes about
 	// 110 KB of WAL, a burst concurrent ingest commits barely notice; 1,000
-	// (the contract's bound) did, even paced (docs/benchmarks.md).
+	// (the contract's bound) did, even paced, when deletes went by primary
+	// key (docs/benchmarks.md; not measured again since).
 	DefaultBatchSize = 100
 	// DefaultMaxRowsPerSecond is the pace at which a 2 vCPU server's ingest
-	// p99 rose by 16-29% while a backlog drained, on a fast disk; on a slow
-	// one the rise was larger at any pace (docs/benchmarks.md).
+	// p99 rose by -1% and +9% while a backlog drained (+17% at twice it;
+	// docs/retention-janitor.md), with headroom for a slower disk.
 	// A default 10-minute cycle then deletes up to 6M rows, so an hourly run
 	// keeps up with about 1,600 envelopes/s of sustained ingest; above that,
 	// raise it, JANITOR_TIMEOUT or the schedule's frequency.
