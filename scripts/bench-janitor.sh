@@ -248,29 +248,38 @@ row "round" "run" "env/s" "p50ms" "p99ms" "p99.9ms" "maxms" "WAL MB" "FPI k" "fs
 # flushes carry, the full-page images among the records and the WAL fsyncs (pg_stat_wal); the dirty
 # buffers backends had to write out themselves to make room (pg_stat_bgwriter.buffers_backend) and the
 # blocks read into shared_buffers (pg_stat_database.blks_read, this database); and the machine's CPU
-# busy share over both cores (/proc/stat: neither idle nor iowait). Backends report within a second, so
-# a run's tail may count in the next one. Through to_jsonb, a column this server lacks (wal_sync and
-# buffers_backend went to pg_stat_io in PostgreSQL 17-18) reads as empty, and its column shows '-'; so
-# does the CPU column where /proc/stat is missing.
-cpu_mark() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; printf "%d:%d", t - $5 - $6, t; exit }' /proc/stat 2>/dev/null || true; }
-wal_mark() {
-	printf '%s,%s\n' "$(psql_admin -c "SELECT pg_current_wal_lsn() || ',' || coalesce(w->>'wal_fpi', '') || ',' || coalesce(w->>'wal_sync', '')
-		|| ',' || coalesce(b->>'buffers_backend', '') || ',' || (SELECT blks_read FROM pg_stat_database WHERE datname = current_database())
-		FROM (SELECT to_jsonb(s) AS w FROM pg_stat_wal s) AS x, (SELECT to_jsonb(g) AS b FROM pg_stat_bgwriter g) AS y")" "$(cpu_mark)"
+# busy share over all its CPUs (/proc/stat: neither idle, iowait nor steal). Backends report within a
+# second, so a run's tail may count in the next one. Through to_jsonb, a column this server lacks
+# (buffers_backend went to pg_stat_io in PostgreSQL 17, wal_sync in 18) reads as empty, and its column
+# shows '-'; so does the CPU column where /proc/stat is missing.
+# cpu_mark -> "BUSY:TOTAL" jiffies (guest time is already in user and nice, so fields 10-11 are left out).
+cpu_mark() {
+	awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9 && i <= NF; i++) t += $i; printf "%.0f:%.0f", t - $5 - $6 - $9, t; exit }' /proc/stat 2>/dev/null || true
 }
-# wal_delta MARK -> "MB FPI-thousands FSYNCS BACKEND-WRITES-thousands READS-thousands CPU%" since MARK.
+# wal_mark -> "LSN,FPI,FSYNCS,BACKEND-WRITES,READS,CPU"; fails when the server does not answer.
+wal_mark() {
+	local q
+	q=$(psql_admin -c "SELECT pg_current_wal_lsn() || ',' || coalesce(w->>'wal_fpi', '') || ',' || coalesce(w->>'wal_sync', '')
+		|| ',' || coalesce(b->>'buffers_backend', '') || ',' || (SELECT blks_read FROM pg_stat_database WHERE datname = current_database())
+		FROM (SELECT to_jsonb(s) AS w FROM pg_stat_wal s) AS x, (SELECT to_jsonb(g) AS b FROM pg_stat_bgwriter g) AS y") || return 1
+	[ -n "$q" ] || return 1
+	printf '%s,%s\n' "$q" "$(cpu_mark)"
+}
+# wal_delta MARK -> "MB FPI-thousands FSYNCS BACKEND-WRITES-thousands READS-thousands CPU%" since MARK;
+# fails when the server does not answer (its caller's assignment then stops the script).
 wal_delta() {
-	local lsn fpi syncs bw rd cpu now_lsn now_fpi now_syncs now_bw now_rd now_cpu mb
+	local lsn fpi syncs bw rd cpu now now_lsn now_fpi now_syncs now_bw now_rd now_cpu mb
 	IFS=, read -r lsn fpi syncs bw rd cpu <<<"$1"
-	IFS=, read -r now_lsn now_fpi now_syncs now_bw now_rd now_cpu <<<"$(wal_mark)"
-	mb=$(psql_admin -c "SELECT round(pg_wal_lsn_diff('$now_lsn', '$lsn') / 1048576.0, 1)")
+	now=$(wal_mark) || return 1
+	IFS=, read -r now_lsn now_fpi now_syncs now_bw now_rd now_cpu <<<"$now"
+	mb=$(psql_admin -c "SELECT round(pg_wal_lsn_diff('$now_lsn', '$lsn') / 1048576.0, 1)") || return 1
 	awk -v mb="$mb" -v f0="$fpi" -v f1="$now_fpi" -v s0="$syncs" -v s1="$now_syncs" -v b0="$bw" -v b1="$now_bw" \
 		-v r0="$rd" -v r1="$now_rd" -v c0="$cpu" -v c1="$now_cpu" '
 function k(a, b) { return (a == "" || b == "" ? "-" : sprintf("%.1f", (b - a) / 1000)) }
 BEGIN {
 	split(c0, x, ":"); split(c1, y, ":")
 	cpu = (c0 == "" || c1 == "" || y[2] <= x[2] ? "-" : sprintf("%.0f", 100 * (y[1] - x[1]) / (y[2] - x[2])))
-	printf "%s %s %s %s %s %s\n", mb, k(f0, f1), (s0 == "" || s1 == "" ? "-" : s1 - s0), k(b0, b1), k(r0, r1), cpu }'
+	printf "%s %s %s %s %s %s\n", (mb == "" ? "-" : mb), k(f0, f1), (s0 == "" || s1 == "" ? "-" : s1 - s0), k(b0, b1), k(r0, r1), cpu }'
 }
 base_p99=()
 declare -A jan_p99=() jan_rps=() # by variant number: space-separated, one per round

@@ -210,3 +210,16 @@ func TestDeleteExpiredPayloads(t *testing.T) {
 		}
 	}
 }
+
+// DeleteExpiredPayloads deletes by ctid, which names one row only in a plain
+// table: on a partitioned or inherited one the same ctid exists in every
+// partition. Changing the table's kind must revisit that statement.
+func TestPayloadTableIsPlain(t *testing.T) {
+	f := newFixture(t)
+	if kind := f.count(`SELECT count(*) FROM pg_class WHERE oid = 'inbound_payloads'::regclass AND relkind = 'r'`); kind != 1 {
+		t.Fatal("inbound_payloads is not a plain table; revisit deleteExpiredSQL (it deletes by ctid)")
+	}
+	if n := f.count(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbound_payloads'::regclass OR inhrelid = 'inbound_payloads'::regclass`); n != 0 {
+		t.Fatalf("inbound_payloads has %d inheritance links; revisit deleteExpiredSQL (it deletes by ctid)", n)
+	}
+}

@@ -57,8 +57,8 @@ const (
 	// key (docs/benchmarks.md; not measured again since).
 	DefaultBatchSize = 100
 	// DefaultMaxRowsPerSecond is the pace at which a 2 vCPU server's ingest
-	// p99 rose by -1% and +9% while a backlog drained (+17% at twice it;
-	// docs/retention-janitor.md), with headroom for a slower disk.
+	// p99 rose by -1% and +9% while a backlog drained (medians of 7 rounds;
+	// docs/retention-janitor.md).
 	// A default 10-minute cycle then deletes up to 6M rows, so an hourly run
 	// keeps up with about 1,600 envelopes/s of sustained ingest; above that,
 	// raise it, JANITOR_TIMEOUT or the schedule's frequency.

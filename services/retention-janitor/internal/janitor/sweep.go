@@ -42,11 +42,12 @@ type Pace struct {
 	Batch int
 	// RowsPerSecond, when positive, spaces the batches so the sweep deletes
 	// at most that many rows per second on average since it began. Every
-	// deleted row costs about a kilobyte of WAL (mostly full-page images:
-	// each heap page is logged whole at its first change after a
-	// checkpoint), and concurrent ingest commits wait behind that WAL; on a
-	// 2 vCPU server ingest p99 rose by 0-9% at 10,000 rows/s and 17% at
-	// 20,000 (docs/retention-janitor.md). Zero deletes flat out.
+	// deleted row of an envelope-sized payload costs about a kilobyte of WAL
+	// uncompressed, half with lz4 (mostly full-page images: each heap page is
+	// logged whole at its first change after a checkpoint), and concurrent
+	// ingest commits wait behind that WAL; on a 2 vCPU server ingest p99
+	// rose by -1% and +9% at 10,000 rows/s (docs/retention-janitor.md).
+	// Zero deletes flat out.
 	RowsPerSecond int
 
 	// sleep waits d or until ctx ends; nil is a timer. now is the clock; nil
