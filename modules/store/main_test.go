@@ -39,6 +39,12 @@ func (f *fixture) count(query string, args ...any) int {
 	return n
 }
 
+// parameterACLs: the server grants settings one by one (GRANT SET ON
+// PARAMETER, PostgreSQL 15 on), as migration 0004 needs.
+func (f *fixture) parameterACLs() bool {
+	return f.count(`SELECT (current_setting('server_version_num')::int >= 150000)::int`) == 1
+}
+
 func (f *fixture) tableCounts() [4]int {
 	return [4]int{
 		f.count(`SELECT count(*) FROM event_identities`),

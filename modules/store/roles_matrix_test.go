@@ -91,10 +91,7 @@ var tablePrivileges = []string{"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE
 func TestRolePrivilegeMatrix(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	var parameterACLs bool // PostgreSQL 15 on
-	if err := f.admin.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int >= 150000`).Scan(&parameterACLs); err != nil {
-		t.Fatal(err)
-	}
+	parameterACLs := f.parameterACLs()
 	columns := map[string][]string{} // table -> columns
 	rows, err := f.admin.QueryContext(ctx, `
 SELECT c.relname, a.attname FROM pg_class c

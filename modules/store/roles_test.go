@@ -198,10 +198,7 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 func TestWALCompressionOption(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	var grantable bool
-	if err := f.admin.QueryRow(`SELECT current_setting('server_version_num')::int >= 150000`).Scan(&grantable); err != nil {
-		t.Fatal(err)
-	}
+	grantable := f.parameterACLs()
 	for _, role := range []string{roleJanitor, roleIngest, roleDelivery, roleOperator} {
 		s, err := store.Open(ctx, storetest.DSNForRole(f.dsn, role), store.Options{MaxOpenConns: 1, WALCompression: "pglz"})
 		if err != nil {
