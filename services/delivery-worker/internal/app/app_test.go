@@ -64,13 +64,19 @@ func get(t *testing.T, url string) (int, string) {
 
 func start(t *testing.T, env map[string]string) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
+	return startWith(t, env, defaultTimeouts)
+}
+
+// startWith is start with the listener's timeouts.
+func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (addr string, logs *syncBuffer, stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs = &syncBuffer{}
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
-			func(a net.Addr) { ready <- a.String() })
+		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
+			func(a net.Addr) { ready <- a.String() }, timeouts)
 	}()
 	select {
 	case addr = <-ready:
