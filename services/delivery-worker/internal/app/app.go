@@ -112,7 +112,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		writeJSON(rw, http.StatusOK, "ok")
 	})
-	mux.HandleFunc("GET /readyz", readyz(store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout}), log))
+	schema := store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout})
+	mux.HandleFunc("GET /readyz", readyz(schema, log))
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: timeouts.readHeader,
@@ -144,7 +145,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	go func() {
 		defer wg.Done()
-		_ = w.Run(runCtx)
+		if awaitSchema(runCtx, schema, log) == nil {
+			_ = w.Run(runCtx)
+		}
 	}()
 
 	var runErr error
@@ -164,6 +167,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// awaitSchema returns nil once the schema is not older than this build's, or
+// ctx's error. A rollout starts a new worker (a surge pod) before its
+// release's migrate Job may have run, and unlike ingest-api, which gets no
+// traffic while unready, the worker would claim and settle at once: it waits
+// instead, so no statement of this release meets the previous release's
+// schema. An unreachable database does not hold it back; the loop handles an
+// outage as it always has.
+func awaitSchema(ctx context.Context, schema *store.Readiness, log *slog.Logger) error {
+	waiting := false
+	for {
+		err := schema.Check(ctx)
+		if !errors.Is(err, store.ErrSchemaBehind) {
+			if waiting && ctx.Err() == nil {
+				log.Info("schema migrated; claiming")
+			}
+			return ctx.Err()
+		}
+		if !waiting {
+			log.Warn("claiming nothing until envctl migrate has run", slog.String("error", err.Error()))
+			waiting = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func writeJSON(rw http.ResponseWriter, status int, state string) {

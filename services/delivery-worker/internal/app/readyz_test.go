@@ -2,18 +2,22 @@ package app
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -178,5 +182,54 @@ func TestListenerCutsSlowClients(t *testing.T) {
 	closedWithin("idle keep-alive", conn2)
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClaimsNothingBeforeMigrate: a worker started on a schema older than its
+// build (a surge pod of a rollout whose migrate Job has not run) claims
+// nothing until the migration lands, then delivers.
+func TestClaimsNothingBeforeMigrate(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	st := storetest.Open(t, dsn)
+	admin := st.DB().DB
+	var hits atomic.Int64
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		hits.Add(1)
+	}))
+	defer rc.Close()
+	if _, err := st.AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
+		URL: rc.URL + "/hook", SecretRef: "ep"}); err != nil {
+		t.Fatal(err)
+	}
+	enqueueMessage(t, st, "t1", "before-migrate")
+	if _, err := admin.Exec(`DELETE FROM schema_migrations WHERE version = $1`, migrations.Latest()); err != nil {
+		t.Fatal(err)
+	}
+	_, logs, stop := start(t, map[string]string{"DATABASE_URL": dsn, "WEBHOOK_SECRETS_FILE": secretsFile(t),
+		"DELIVERY_ALLOW_INSECURE_LOOPBACK": "true", "DELIVERY_POLL_INTERVAL": "10ms"})
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond) // 150 poll intervals
+	var attempts int
+	if err := admin.QueryRow(`SELECT attempts FROM outbox_messages`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || hits.Load() != 0 {
+		t.Fatalf("on an older schema: %d attempts, %d deliveries; want none", attempts, hits.Load())
+	}
+	if !strings.Contains(logs.String(), "claiming nothing until envctl migrate has run") {
+		t.Fatalf("the wait is not logged:\n%s", logs.String())
+	}
+	if _, err := migrations.Apply(context.Background(), admin); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); hits.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing delivered 10s after the migration:\n%s", logs.String())
+		}
 	}
 }
