@@ -210,3 +210,31 @@ func TestReadinessCancelledCaller(t *testing.T) {
 		t.Fatalf("after MaxAge: %v, %d probes; want ready from a second probe", err, r.Probes())
 	}
 }
+
+// BenchmarkReadiness: a readiness check as one probe per call (what /readyz
+// did before) and from the shared probe, with parallel callers.
+func BenchmarkReadiness(b *testing.B) {
+	f := newFixture(b)
+	ctx := context.Background()
+	b.Run("probe-per-call", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := f.s.CheckSchema(ctx, migrations.Latest()); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+		b.ReportMetric(1, "probes/op")
+	})
+	b.Run("shared", func(b *testing.B) {
+		r := store.NewReadiness(f.s, store.ReadinessConfig{Need: migrations.Latest()})
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := r.Check(ctx); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+		b.ReportMetric(float64(r.Probes())/float64(b.N), "probes/op")
+	})
+}
