@@ -69,12 +69,9 @@ func TestReadyzAtOrAboveBuildSchema(t *testing.T) {
 func TestReadyzSharesOneProbe(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	admin := storetest.Open(t, dsn).DB().DB
-	addr, _, stop := start(t, map[string]string{"DATABASE_URL": dsn, "WEBHOOK_SECRETS_FILE": secretsFile(t)})
-	defer func() {
-		if err := stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	// Locked before the worker starts, so no probe result is cached yet: the
+	// first probe (the worker's own schema check at start, or a call) blocks,
+	// and every call must join it.
 	tx, err := admin.Begin()
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +80,12 @@ func TestReadyzSharesOneProbe(t *testing.T) {
 	if _, err := tx.Exec(`LOCK TABLE schema_migrations IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
+	addr, _, stop := start(t, map[string]string{"DATABASE_URL": dsn, "WEBHOOK_SECRETS_FILE": secretsFile(t), "STORE_TIMEOUT": "30s"})
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
 	const calls = 50
 	codes := make(chan int, calls)
 	var wg sync.WaitGroup
