@@ -419,11 +419,29 @@ func checkDeployments(byKind map[string][]object) []string {
 			}
 		}
 	}
+	var migrateDeadline int64
+	for _, o := range byKind["Job"] {
+		if j := o.Obj.(*batchv1.Job); j.Spec.ActiveDeadlineSeconds != nil {
+			migrateDeadline = max(migrateDeadline, *j.Spec.ActiveDeadlineSeconds)
+		}
+	}
 	for _, name := range []string{"ingest-api", "delivery-worker"} {
 		d, ok := deps[name]
 		if !ok {
 			fail("no Deployment for %s", name)
 			continue
+		}
+		// Rolling upgrades (docs/operations.md): a new pod is unready until
+		// the migrate Job has brought the schema up to its release, and the
+		// old pods are all that serve meanwhile. None may go before a new
+		// one is ready, and the rollout must not be declared failed while
+		// the Job may still run.
+		if ru := d.Spec.Strategy.RollingUpdate; d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType ||
+			ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "0" && ru.MaxUnavailable.String() != "0%" {
+			fail("%s: a RollingUpdate with maxUnavailable 0 is required, so old pods serve until new ones are ready", name)
+		}
+		if pd := d.Spec.ProgressDeadlineSeconds; pd == nil || int64(*pd) <= migrateDeadline {
+			fail("%s: progressDeadlineSeconds must exceed the migrate Job's activeDeadlineSeconds %d", name, migrateDeadline)
 		}
 		covered := false
 		for _, o := range byKind["PodDisruptionBudget"] {

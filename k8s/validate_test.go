@@ -76,6 +76,8 @@ func TestBrokenManifestsFail(t *testing.T) {
 		{"metrics-open", []string{"ingest-api: unexpected ingress [TCP/9090]"}},
 		{"migrate-unversioned", []string{`name must end with "-v0-2-0"`}},
 		{"url-credentials", []string{"env PUSHGATEWAY_URL carries URL credentials inline"}},
+		{"rollout-drops-old-pods", []string{"delivery-worker: a RollingUpdate with maxUnavailable 0 is required"}},
+		{"rollout-deadline", []string{"ingest-api: progressDeadlineSeconds must exceed the migrate Job's activeDeadlineSeconds 600"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.dir, func(t *testing.T) {

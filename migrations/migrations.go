@@ -9,7 +9,13 @@
 // server ends the session and releases the lock, unlike a lock row in a table.
 //
 // Binaries compare the applied version (the highest recorded) with Latest and
-// stay not-ready while the schema is older than they expect.
+// stay not-ready while the schema is older than they expect; a newer schema
+// keeps them ready (contract §8.1), because every migration is additive
+// (docs/operations.md, "Rolling upgrades"). For the same reason Apply on a
+// database that a later release already migrated (versions above Latest) is a
+// no-op: it still checks the checksums of the versions it embeds, applies
+// nothing and leaves the later rows alone, so re-running an older migrate Job
+// during a rollback succeeds without touching the schema.
 //
 // The migrations also create one PostgreSQL role per binary —
 // envelopeworker_ingest, envelopeworker_delivery, envelopeworker_janitor — and
@@ -121,7 +127,8 @@ const createTable = `CREATE TABLE IF NOT EXISTS schema_migrations (
 )`
 
 // Apply brings the database up to Latest and returns the versions it applied
-// (none when already current). It is safe to run from several processes at once.
+// (none when already current, or newer). It is safe to run from several
+// processes at once.
 func Apply(ctx context.Context, db *sql.DB) (applied []int, err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {

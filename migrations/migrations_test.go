@@ -224,3 +224,42 @@ func TestEmbeddedSet(t *testing.T) {
 		t.Fatal("All returned the package's own slice")
 	}
 }
+
+// TestApplyOnNewerSchema: a database a later release already migrated (a
+// version this build does not embed) is left as it is: Apply applies
+// nothing, succeeds, and keeps the later row; an edited embedded file is
+// still reported.
+func TestApplyOnNewerSchema(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, freshDB(t))
+	if _, err := Apply(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	later := Latest() + 1
+	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`, later); err != nil {
+		t.Fatal(err)
+	}
+	var tables int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := Apply(ctx, db)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("Apply on a newer schema = %v, %v; want nothing applied", applied, err)
+	}
+	if v, err := Version(ctx, db); err != nil || v != later {
+		t.Fatalf("Version = %d, %v; want %d", v, err, later)
+	}
+	var name, sum string
+	var after int
+	if err := db.QueryRow(`SELECT name, checksum, (SELECT count(*) FROM pg_tables WHERE schemaname = 'public') FROM schema_migrations WHERE version = $1`, later).
+		Scan(&name, &sum, &after); err != nil || name != "from_a_later_release.sql" || sum != "not-ours" || after != tables {
+		t.Fatalf("later row %q %q, %d tables (was %d), %v; want it and the tables untouched", name, sum, after, tables, err)
+	}
+	if _, err := db.Exec(`UPDATE schema_migrations SET checksum = 'x' WHERE version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(ctx, db); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("Apply after an edit, on a newer schema = %v, want ErrChecksum", err)
+	}
+}

@@ -71,7 +71,7 @@ type Store struct {
 }
 
 // Open prepares a pool for dsn. It does not connect: a binary can start while
-// the database is still coming up and report not-ready (Ping, SchemaVersion)
+// the database is still coming up and report not-ready (CheckSchema)
 // until it is reachable. A malformed DSN is ErrInvalid; its text (which may
 // hold a password) is never echoed.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
@@ -131,7 +131,7 @@ func (s *Store) DB() *bun.DB { return s.db }
 func (s *Store) sqlDB() *sql.DB { return s.db.DB }
 
 // SchemaVersion is the applied migration version (0 on an empty database).
-// Readiness compares it with migrations.Latest().
+// CheckSchema compares it with the version a build needs.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	v, err := migrations.Version(ctx, s.sqlDB())
 	if err != nil {

@@ -1,5 +1,7 @@
-// Package e2e runs the tools against the real ingest-api binary: it builds services/ingest-api from
-// this repository, starts it on loopback against a fresh test database, and drives it with envctl
-// (in-process) and the load generator. It has only tests; it exists because the tools module may not
-// import services, yet `envctl send` and loadgen-ingest are only right if the real service agrees.
+// Package e2e runs the tools against the real binaries: it builds services/ingest-api (and, where a
+// test needs it, services/delivery-worker) from this repository, starts them on loopback against a
+// fresh test database, and drives them with envctl (in-process) and the load generator. It has only
+// tests; it exists because the tools module may not import services, yet `envctl send` and
+// loadgen-ingest are only right if the real service agrees. upgrade_test.go runs both binaries on a
+// schema one version older and one newer than they were built for (contract §8.1).
 package e2e

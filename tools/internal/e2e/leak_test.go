@@ -52,6 +52,12 @@ type service struct {
 // environment and waits until readyURL answers 200.
 func startService(t *testing.T, name string, env []string, readyURL string) *service {
 	t.Helper()
+	return launchService(t, name, env, readyURL, http.StatusOK)
+}
+
+// launchService is startService waiting for readyURL to answer status want.
+func launchService(t *testing.T, name string, env []string, readyURL string, want int) *service {
+	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -98,12 +104,12 @@ func startService(t *testing.T, name string, env []string, readyURL string) *ser
 		}
 		if resp, err := client.Get(readyURL); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == want {
 				return s
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready after 60s\n%s", name, s.logs.String())
+			t.Fatalf("%s did not answer %d after 60s\n%s", name, want, s.logs.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

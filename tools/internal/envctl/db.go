@@ -49,14 +49,25 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 		}
 		return c.failure(path, "%v", err)
 	}
-	if len(applied) == 0 {
-		fmt.Fprintf(c.Stdout, "schema is at version %d; nothing to apply\n", migrations.Latest())
-	} else {
+	// What the database holds, not what this build embeds: a later release may have migrated it.
+	v, err := migrations.Version(cctx, db)
+	if err != nil {
+		return c.failure(path, "%v", err)
+	}
+	switch {
+	case len(applied) == 0 && v > migrations.Latest():
+		// Migrations are additive (expand now, contract a release later), so a schema newer than this
+		// envctl's is one its binaries run on: succeed without touching it, so that re-running an older
+		// migrate Job in a rollback does not fail the rollback (docs/operations.md, "Rolling upgrades").
+		fmt.Fprintf(c.Stdout, "schema is at version %d, newer than this envctl's %d; nothing to apply\n", v, migrations.Latest())
+	case len(applied) == 0:
+		fmt.Fprintf(c.Stdout, "schema is at version %d; nothing to apply\n", v)
+	default:
 		vs := make([]string, len(applied))
-		for i, v := range applied {
-			vs[i] = strconv.Itoa(v)
+		for i, a := range applied {
+			vs[i] = strconv.Itoa(a)
 		}
-		fmt.Fprintf(c.Stdout, "applied migration(s) %s; schema is at version %d\n", strings.Join(vs, ", "), migrations.Latest())
+		fmt.Fprintf(c.Stdout, "applied migration(s) %s; schema is at version %d\n", strings.Join(vs, ", "), v)
 	}
 	// Migration 0004 grants this only where the migrator may; its notice does not reach the operator.
 	if note, err := walCompressionGrantNote(cctx, db, "envelopeworker_janitor"); err != nil {

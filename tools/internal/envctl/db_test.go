@@ -40,6 +40,37 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// TestMigrateOnNewerSchema: an envctl older than the schema (a later release's migrate Job ran, and
+// this one runs again, as in a rollback) applies nothing, says so and succeeds; the later release's
+// row and the tables stay as they were.
+func TestMigrateOnNewerSchema(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	admin := storetest.Open(t, dsn).DB().DB
+	later := migrations.Latest() + 1
+	if _, err := admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`, later); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func() string {
+		t.Helper()
+		var s string
+		if err := admin.QueryRow(`SELECT (SELECT string_agg(version || ' ' || name || ' ' || checksum, ',' ORDER BY version) FROM schema_migrations)
+			|| ' / ' || (SELECT string_agg(table_name || '.' || column_name, ',' ORDER BY table_name, column_name)
+			FROM information_schema.columns WHERE table_schema = 'public')`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
+	r := run(t, dsn, "migrate")
+	r.expect(t, ExitOK, "")
+	if want := fmt.Sprintf("schema is at version %d, newer than this envctl's %d; nothing to apply\n", later, migrations.Latest()); r.stdout != want {
+		t.Errorf("migrate on a newer schema: %q, want %q", r.stdout, want)
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("migrate changed a newer schema:\n%s\n%s", before, after)
+	}
+}
+
 // migrate tells the operator when the janitor's role lacks SET on wal_compression (migration 0004
 // grants it only where the migrator is a superuser, and its notice never reaches the terminal).
 func TestWALCompressionGrantNote(t *testing.T) {

@@ -34,6 +34,22 @@ const backoffJitter = 0.2
 // everything. ready, if not nil, receives the bound metrics address once the
 // listener is up (tests bind ":0").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr)) error {
+	return run(ctx, args, getenv, stdout, stderr, ready, defaultTimeouts)
+}
+
+// serverTimeouts bound each connection of the metrics/health listener, as
+// ingest-api bounds its listeners: without them a client that sends its
+// headers, or reads the answer, a byte at a time (slow loris) holds a
+// connection and a goroutine for as long as it likes. write leaves room for
+// a /readyz probe (STORE_TIMEOUT, default 5s).
+type serverTimeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+var defaultTimeouts = serverTimeouts{readHeader: 10 * time.Second, read: 30 * time.Second, write: 30 * time.Second, idle: 120 * time.Second}
+
+// run is Run with the listener's timeouts (tests shorten them).
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr), timeouts serverTimeouts) error {
 	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
@@ -96,10 +112,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		writeJSON(rw, http.StatusOK, "ok")
 	})
-	mux.HandleFunc("GET /readyz", readyz(st, cfg.StoreTimeout, log))
+	schema := store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout})
+	mux.HandleFunc("GET /readyz", readyz(schema, log))
 	srv := &http.Server{
 		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: timeouts.readHeader,
+		ReadTimeout:       timeouts.read,
+		WriteTimeout:      timeouts.write,
+		IdleTimeout:       timeouts.idle,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
@@ -124,7 +145,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	go func() {
 		defer wg.Done()
-		_ = w.Run(runCtx)
+		if awaitSchema(runCtx, schema, log) == nil {
+			_ = w.Run(runCtx)
+		}
 	}()
 
 	var runErr error
@@ -146,31 +169,49 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return runErr
 }
 
+// awaitSchema returns nil once the schema is not older than this build's, or
+// ctx's error. A rollout starts a new worker (a surge pod) before its
+// release's migrate Job may have run, and unlike ingest-api, which gets no
+// traffic while unready, the worker would claim and settle at once: it waits
+// instead, so no statement of this release meets the previous release's
+// schema. An unreachable database does not hold it back; the loop handles an
+// outage as it always has.
+func awaitSchema(ctx context.Context, schema *store.Readiness, log *slog.Logger) error {
+	waiting := false
+	for {
+		err := schema.Check(ctx)
+		if !errors.Is(err, store.ErrSchemaBehind) {
+			if waiting && ctx.Err() == nil {
+				log.Info("schema migrated; claiming")
+			}
+			return ctx.Err()
+		}
+		if !waiting {
+			log.Warn("claiming nothing until envctl migrate has run", slog.String("error", err.Error()))
+			waiting = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 func writeJSON(rw http.ResponseWriter, status int, state string) {
 	rw.Header().Set("Content-Type", "application/json")
 	rw.WriteHeader(status)
 	_ = json.NewEncoder(rw).Encode(map[string]string{"status": state})
 }
 
-// readyz: the database answers and its schema is exactly the migrations this
-// build embeds. The body never carries driver text.
-func readyz(st *store.Store, timeout time.Duration, log *slog.Logger) http.HandlerFunc {
+// readyz: the database answers and its schema is at or above the version
+// this build needs (contract §8.1: a later release's migration never makes
+// this one unready), from a probe shared by every caller and at most a
+// second old. The body never carries driver text.
+func readyz(ready *store.Readiness, log *slog.Logger) http.HandlerFunc {
 	return func(rw http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), timeout)
-		defer cancel()
-		if err := st.Ping(ctx); err != nil {
-			log.Warn("readiness: database unreachable", slog.String("error", err.Error()))
-			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
-			return
-		}
-		v, err := st.SchemaVersion(ctx)
-		if err != nil {
-			log.Warn("readiness: schema version unreadable", slog.String("error", err.Error()))
-			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
-			return
-		}
-		if v != migrations.Latest() {
-			log.Warn("readiness: schema version mismatch", slog.Int("database", v), slog.Int("build", migrations.Latest()))
+		if err := ready.Check(r.Context()); err != nil {
+			log.Warn("not ready", slog.String("error", err.Error()))
 			writeJSON(rw, http.StatusServiceUnavailable, "unavailable")
 			return
 		}

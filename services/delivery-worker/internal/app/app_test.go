@@ -62,15 +62,38 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// enqueueMessage enqueues one message of tenant to its endpoint of project
+// p1, topic orders.
+func enqueueMessage(t *testing.T, st *store.Store, tenant, key string) {
+	t.Helper()
+	_, err := st.Enqueue(context.Background(), store.Actor{TenantID: tenant, CorrelationID: "c1"}, store.EnqueueRequest{
+		ProjectID: "p1", ProducerID: "svc", Topic: "orders", MaxAttempts: 3,
+		IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)),
+		Build: func(seq int64) ([]byte, string, error) {
+			id := sha256.Sum256([]byte(key))
+			return []byte(fmt.Sprintf(`{"k":%q,"sequence":%d}`, key, seq)), hex.EncodeToString(id[:]), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func start(t *testing.T, env map[string]string) (addr string, logs *syncBuffer, stop func() error) {
+	t.Helper()
+	return startWith(t, env, defaultTimeouts)
+}
+
+// startWith is start with the listener's timeouts.
+func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs = &syncBuffer{}
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
-			func(a net.Addr) { ready <- a.String() })
+		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
+			func(a net.Addr) { ready <- a.String() }, timeouts)
 	}()
 	select {
 	case addr = <-ready:
@@ -113,20 +136,7 @@ func TestRunDeliversAndRotates(t *testing.T) {
 		Topic: "orders", URL: rc.URL + "/hook", SecretRef: "ep"}); err != nil {
 		t.Fatal(err)
 	}
-	enqueue := func(key string) {
-		t.Helper()
-		_, err := st.Enqueue(context.Background(), store.Actor{TenantID: "tenant-secret-name", CorrelationID: "c1"}, store.EnqueueRequest{
-			ProjectID: "p1", ProducerID: "svc", Topic: "orders", MaxAttempts: 3,
-			IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)),
-			Build: func(seq int64) ([]byte, string, error) {
-				id := sha256.Sum256([]byte(key))
-				return []byte(fmt.Sprintf(`{"k":%q,"sequence":%d}`, key, seq)), hex.EncodeToString(id[:]), nil
-			},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueue := func(key string) { t.Helper(); enqueueMessage(t, st, "tenant-secret-name", key) }
 
 	addr, logs, stop := start(t, map[string]string{
 		"DATABASE_URL":                     dsn,

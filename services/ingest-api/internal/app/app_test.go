@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -97,5 +98,83 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	err = Run(ctx, nil, func(k string) string { return env[k] }, io.Discard, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "listen") {
 		t.Fatalf("bad listen address: %v", err)
+	}
+}
+
+// TestListenersCutSlowClients: both listeners close a connection whose
+// request headers never end (slow loris) within the header timeout, and an
+// idle keep-alive connection within the idle timeout.
+func TestListenersCutSlowClients(t *testing.T) {
+	for name, d := range map[string]time.Duration{"read header": defaultTimeouts.readHeader, "read": defaultTimeouts.read,
+		"write": defaultTimeouts.write, "idle": defaultTimeouts.idle} {
+		if d <= 0 {
+			t.Fatalf("default %s timeout %v: unbounded", name, d)
+		}
+	}
+	env := map[string]string{"DATABASE_URL": storetest.NewDatabase(t)}
+	short := serverTimeouts{readHeader: 300 * time.Millisecond, read: time.Second, write: time.Second, idle: 300 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type addrs struct{ api, metrics net.Addr }
+	ready := make(chan addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--ingest-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"},
+			func(k string) string { return env[k] }, io.Discard, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} }, short)
+	}()
+	var a addrs
+	select {
+	case a = <-ready:
+	case err := <-done:
+		t.Fatalf("run returned early: %v", err)
+	}
+	// closedWithin fails unless the server closes conn within limit: far
+	// below the defaults, so only the configured timeouts can explain it.
+	const limit = 5 * time.Second
+	closedWithin := func(what string, conn net.Conn) {
+		t.Helper()
+		start := time.Now()
+		_ = conn.SetReadDeadline(start.Add(limit))
+		_, err := io.Copy(io.Discard, conn)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("%s: connection still open after %v", what, limit)
+		}
+		t.Logf("%s: closed after %v", what, time.Since(start).Round(time.Millisecond))
+	}
+	for _, l := range []struct{ name, addr, path string }{{"api", a.api.String(), "/healthz"}, {"metrics", a.metrics.String(), "/metrics"}} {
+		conn, err := net.Dial("tcp", l.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
+			t.Fatal(err)
+		}
+		closedWithin(l.name+" slow headers", conn)
+		conn.Close()
+
+		conn, err = net.Dial("tcp", l.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", l.name, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || res.Close {
+			t.Fatalf("%s: status %d, close %v; want a kept-alive 200", l.name, res.StatusCode, res.Close)
+		}
+		closedWithin(l.name+" idle keep-alive", conn)
+		conn.Close()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
 	}
 }

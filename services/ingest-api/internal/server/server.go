@@ -111,8 +111,10 @@
 // every log line of the request and in its audit rows; a valid W3C
 // traceparent header (version 00) is logged with it, an invalid one is
 // ignored. /healthz is liveness only (it never touches the database);
-// /readyz checks the database and that its schema version equals
-// migrations.Latest(). Any database failure or
+// /readyz checks that the database answers and that its schema is at or
+// above migrations.Latest(), the version this build needs (contract §8.1: a
+// later release's migration never makes this one unready), from a shared
+// probe at most one second old (store.Readiness). Any database failure or
 // timeout answers 503 unavailable (with Retry-After: 1) on every route. The
 // credential cache (CredentialCacheTTL, at most 2 s) is the only place a
 // revoked credential can still pass, and only for that long.
@@ -129,6 +131,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -154,8 +157,9 @@ type Config struct {
 	// which one is being decided and the rest wait for their WAL flush
 	// (see committer). Deciding one group at a time is what lets groups form.
 	GroupCommitConcurrency int
-	// Now is the clock for issued_at checks, payload expiry and the
-	// issued_at of outbound envelopes; tests fix it.
+	// Now is the clock for issued_at checks, payload expiry, the
+	// issued_at of outbound envelopes and the age of readiness probes;
+	// tests fix it.
 	Now func() time.Time
 	// OutboundKeys signs outbox envelopes; nil means no tenant has a key
 	// (every POST /v1/outbox is 422 no_signing_key).
@@ -220,6 +224,7 @@ type Server struct {
 	activeKeys *activeKeys
 	commit     *committer
 	keys       outboundkeys.Source
+	ready      *store.Readiness
 	echo       *echo.Echo
 }
 
@@ -249,6 +254,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
 		activeKeys: newActiveKeys(time.Now),
 		keys:       cfg.OutboundKeys,
+		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()

@@ -137,12 +137,10 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 		log.Warn("wal_compression stays at the server's setting", slog.String("wanted", cfg.WALCompression),
 			slog.String("server", session.WALCompression), slog.String("reason", refused))
 	}
-	v, err := st.SchemaVersion(setupCtx)
-	if err != nil {
-		return canceled(fmt.Errorf("schema version: %w", err))
-	}
-	if v < migrations.Latest() {
-		return fmt.Errorf("schema version %d is older than %d: run envctl migrate first", v, migrations.Latest())
+	// The same check as the services' readiness: a schema at or above this
+	// build's works (migrations are additive), an older one fails the run.
+	if err := st.CheckSchema(setupCtx, migrations.Latest()); err != nil {
+		return canceled(fmt.Errorf("schema check: %w", err))
 	}
 
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -235,6 +236,29 @@ func TestRunTimeoutIsACleanStop(t *testing.T) {
 	}
 	if expired, _ := f.payloads(t); expired != 100 {
 		t.Fatalf("expired payloads = %d, want 100 left for the next run", expired)
+	}
+}
+
+// TestRunSchemaVersions: the janitor runs on a schema at or above its build's
+// (a later release's migrate Job may have run first: migrations are
+// additive) and fails on an older one, naming the reason.
+func TestRunSchemaVersions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 100, 40)
+	f.exec(t, `INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`, migrations.Latest()+1)
+	sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
+	if err != nil || sum.StoppedBy != "done" || sum.RowsDeleted != 40 {
+		t.Fatalf("schema newer than the build: %+v, %v\n%s", sum, err, raw)
+	}
+	f.exec(t, `DELETE FROM schema_migrations WHERE version >= $1`, migrations.Latest())
+	f.seed(t, 101, 200, 40)
+	sum, raw, err = runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN})
+	if !errors.Is(err, store.ErrSchemaBehind) || sum.StoppedBy != "error" || !strings.Contains(sum.Error, "envctl migrate") {
+		t.Fatalf("schema older than the build: %+v, %v\n%s", sum, err, raw)
+	}
+	if expired, _ := f.payloads(t); expired != 40 {
+		t.Fatalf("%d expired payloads after a refused run, want the 40 untouched", expired)
 	}
 }
 
