@@ -14,15 +14,21 @@ import (
 	"time"
 )
 
-// countingServer starts a server (TLS when tlsOn) that counts the
-// connections it accepts.
-func countingServer(t *testing.T, tlsOn bool, h http.HandlerFunc) (*httptest.Server, *atomic.Int32) {
+// connCounts are the connections a countingServer accepted and saw closed.
+type connCounts struct{ opened, closed atomic.Int32 }
+
+// countingServer starts a server (TLS when tlsOn) that counts its
+// connections.
+func countingServer(t *testing.T, tlsOn bool, h http.HandlerFunc) (*httptest.Server, *connCounts) {
 	t.Helper()
-	var conns atomic.Int32
+	conns := &connCounts{}
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
+		switch s {
+		case http.StateNew:
+			conns.opened.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			conns.closed.Add(1)
 		}
 	}
 	if tlsOn {
@@ -31,7 +37,26 @@ func countingServer(t *testing.T, tlsOn bool, h http.HandlerFunc) (*httptest.Ser
 		srv.Start()
 	}
 	t.Cleanup(srv.Close)
-	return srv, &conns
+	return srv, conns
+}
+
+// Failed attempts leave the pool alone, but shutdown still empties it.
+func TestCloseClosesIdleConnections(t *testing.T) {
+	srv, conns := countingServer(t, false, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s := newSender(t, Config{AllowLoopback: true})
+	if r := send(t, s, srv.URL+"/hook"); r.Verdict != Delivered {
+		t.Fatalf("%+v", r)
+	}
+	s.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for conns.closed.Load() < conns.opened.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d connections still open after Close", conns.opened.Load()-conns.closed.Load(), conns.opened.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Attempts in flight together to one endpoint leave their connections idle
@@ -71,7 +96,7 @@ func TestConcurrentAttemptsReuseConnections(t *testing.T) {
 			}
 		}
 	}
-	if n := dials.Load(); n != wave {
+	if n := dials.opened.Load(); n != wave {
 		t.Fatalf("%d connections dialled for two waves of %d, want %d (the second reuses the first's)", n, wave, wave)
 	}
 }
@@ -149,14 +174,14 @@ func TestFailingEndpointKeepsOtherEndpointsConnections(t *testing.T) {
 			}
 			timeouts := int(healthyTimeouts.Load())
 			t.Logf("new connections over %d deliveries each: healthy %d (%d of its attempts timed out), failing %d",
-				deliveries, healthyConns.Load(), timeouts, failingConns.Load())
+				deliveries, healthyConns.opened.Load(), timeouts, failingConns.opened.Load())
 			if timeouts > deliveries/4 {
 				t.Fatalf("%d of %d healthy attempts timed out: the machine is too loaded for this test to say anything", timeouts, deliveries)
 			}
 			// Each worker holds at most one healthy connection at a time, but a
 			// connection goes back to the pool a moment after its body is closed,
 			// and a dial started in that moment is kept too: allow twice as many.
-			if n, limit := int(healthyConns.Load()), 2*tc.workers+timeouts; n > limit {
+			if n, limit := int(healthyConns.opened.Load()), 2*tc.workers+timeouts; n > limit {
 				t.Fatalf("the healthy endpoint accepted %d connections for %d deliveries from %d workers, want at most %d: "+
 					"the failing endpoint's attempts closed its pooled connections", n, deliveries, tc.workers, limit)
 			}
