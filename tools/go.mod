@@ -6,6 +6,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/rs/zerolog v1.34.0
@@ -47,5 +48,6 @@ require (
 replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../modules/envelope
+	github.com/envelopeworker/envelopeworker/modules/redact => ../modules/redact
 	github.com/envelopeworker/envelopeworker/modules/store => ../modules/store
 )

@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/prometheus/client_golang v1.23.2
@@ -40,5 +41,6 @@ require (
 replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../../modules/envelope
+	github.com/envelopeworker/envelopeworker/modules/redact => ../../modules/redact
 	github.com/envelopeworker/envelopeworker/modules/store => ../../modules/store
 )

@@ -118,6 +118,25 @@ func TestUnreachableDatabase(t *testing.T) {
 	}
 }
 
+// A DSN the driver cannot parse is refused without being echoed: pgx's
+// parse error quotes it, masking the user info's password but not the query.
+func TestMalformedDatabaseURLIsNotEchoed(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://u-1:pw-1@127.0.0.1:1/none?sslmode=bogus&password=pw-2",
+		"host=127.0.0.1 port=1 user=u-1 password=pw-1 sslmode=bogus",
+	} {
+		for _, args := range [][]string{{"migrate"}, {"verify"}, {"audit", "list", "--tenant", "t1"}} {
+			r := run(t, dsn, args...)
+			if r.code != ExitUsage || !strings.Contains(r.stderr, "not a valid PostgreSQL connection string") {
+				t.Errorf("envctl %s: code %d stderr %q", strings.Join(args, " "), r.code, r.stderr)
+			}
+			if strings.Contains(r.stdout+r.stderr, "pw-") {
+				t.Errorf("envctl %s echoed a password: %q", strings.Join(args, " "), r.stderr)
+			}
+		}
+	}
+}
+
 func TestCredentialIssueAndRevoke(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	s := storetest.Open(t, dsn)

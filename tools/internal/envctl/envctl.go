@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -227,6 +229,11 @@ func (c *cli) dsn(path string, d *dbFlags) (string, int) {
 	}
 	if d.timeout <= 0 {
 		return "", c.usageError(path, "--timeout must be positive")
+	}
+	// Checked here, not left to the driver: its parse errors quote the DSN
+	// with the query, where a password= or sslpassword= is not masked.
+	if _, err := pgx.ParseConfig(dsn); err != nil {
+		return "", c.usageError(path, "DATABASE_URL (or --database-url) is not a valid PostgreSQL connection string")
 	}
 	return dsn, ExitOK
 }

@@ -69,7 +69,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs := flag.NewFlagSet("loadgen-delivery", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c Config
-	fs.StringVar(&c.DatabaseURL, "database-url", getenv("DATABASE_URL"), "admin DSN of a migrated database (env DATABASE_URL)")
+	// No default from the environment: -h prints defaults, and a DSN can hold a password.
+	fs.StringVar(&c.DatabaseURL, "database-url", "", "admin DSN of a migrated database (default $DATABASE_URL)")
 	fs.StringVar(&c.WorkerBin, "worker-bin", "", "path of the built delivery-worker binary")
 	fs.IntVar(&c.Workers, "workers", 1, "delivery-worker processes")
 	fs.IntVar(&c.Concurrency, "concurrency", 200, "DELIVERY_CONCURRENCY of each worker")
@@ -81,6 +82,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 			return 0
 		}
 		return 2
+	}
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = getenv("DATABASE_URL")
 	}
 	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 {
 		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required")

@@ -35,6 +35,23 @@ func TestMainRefusesIncompleteCommandLines(t *testing.T) {
 	}
 }
 
+// -h prints the flags' defaults: DATABASE_URL is not one of them.
+func TestHelpHidesDatabaseURL(t *testing.T) {
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return "postgres://admin:pw-secret-1@db/envelopeworker"
+		}
+		return ""
+	}
+	var out, errw bytes.Buffer
+	if code := Main(context.Background(), []string{"-h"}, getenv, &out, &errw); code != 0 {
+		t.Fatalf("-h: exit %d", code)
+	}
+	if help := out.String() + errw.String(); !strings.Contains(help, "-database-url") || strings.Contains(help, "pw-secret-1") {
+		t.Fatalf("-h output: %s", help)
+	}
+}
+
 // A small end-to-end run: the built worker drains the backlog once, every
 // message reaches the sink once and ends delivered.
 func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {

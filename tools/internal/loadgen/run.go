@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/redact"
 	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
 
@@ -67,7 +68,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 		return nil, errors.New("no URL")
 	}
 	if !producer.IsLoopbackHost(cfg.URL.Hostname()) {
-		return nil, fmt.Errorf("url %s: only loopback hosts are allowed", cfg.URL.Redacted())
+		return nil, fmt.Errorf("url %s: only loopback hosts are allowed", redact.URL(cfg.URL.String()))
 	}
 	switch {
 	case cfg.Producers < 1 || cfg.Producers > len(cfg.Creds.Producers):

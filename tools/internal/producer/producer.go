@@ -19,6 +19,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/envelopeworker/envelopeworker/modules/redact"
 )
 
 // SeedSize is the length of an Ed25519 seed; seeds are exchanged as base64url text.
@@ -137,28 +139,31 @@ func IsLoopbackHost(host string) bool {
 // never be pointed at someone else's service); otherwise plain http is still refused for other hosts,
 // because the bearer token would cross the network in clear text.
 func CheckURL(raw string, loopbackOnly bool) (*url.URL, error) {
+	// Errors name the URL through redact.URL: a refused URL may be refused for
+	// the user info or query it carries.
+	shown := redact.URL(raw)
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("url %q does not parse", raw)
+		return nil, errors.New("url does not parse")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("url %q: scheme must be http or https", raw)
+		return nil, fmt.Errorf("url %s: scheme must be http or https", shown)
 	}
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("url %q has no host", raw)
+		return nil, fmt.Errorf("url %s has no host", shown)
 	}
 	if u.User != nil {
-		return nil, fmt.Errorf("url %q: user info is not allowed (use a token)", u.Redacted())
+		return nil, fmt.Errorf("url %s: user info is not allowed (use a token)", shown)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("url %q: give the service base URL, without query or fragment", raw)
+		return nil, fmt.Errorf("url %s: give the service base URL, without query or fragment", shown)
 	}
 	loop := IsLoopbackHost(u.Hostname())
 	if loopbackOnly && !loop {
-		return nil, fmt.Errorf("url %q: only loopback hosts are allowed", raw)
+		return nil, fmt.Errorf("url %s: only loopback hosts are allowed", shown)
 	}
 	if u.Scheme == "http" && !loop {
-		return nil, fmt.Errorf("url %q: plain http is only allowed to loopback hosts; use https", raw)
+		return nil, fmt.Errorf("url %s: plain http is only allowed to loopback hosts; use https", shown)
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	return u, nil

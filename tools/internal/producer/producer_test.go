@@ -170,6 +170,32 @@ func TestCheckURL(t *testing.T) {
 	}
 }
 
+// A refused URL's user info and query never reach the error: each of these
+// is refused, and each error still names the host.
+func TestCheckURLErrorsHoldNoSecret(t *testing.T) {
+	for _, raw := range []string{
+		"http://user-1:pass-1@127.0.0.1:8080",
+		"https://127.0.0.1:8080/?token=tok-1",
+		"https://user-1@127.0.0.1:8080/#tok-1",
+		"http://ingest.example.com/?token=tok-1",
+		"ftp://user-1:pass-1@127.0.0.1/?token=tok-1",
+	} {
+		_, err := CheckURL(raw, false)
+		if err == nil {
+			t.Errorf("CheckURL(%q) accepted", raw)
+			continue
+		}
+		for _, secret := range []string{"user-1", "pass-1", "tok-1"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("CheckURL(%q): %v holds %q", raw, err, secret)
+			}
+		}
+		if !strings.Contains(err.Error(), "example.com") && !strings.Contains(err.Error(), "127.0.0.1") {
+			t.Errorf("CheckURL(%q): %v does not name the host", raw, err)
+		}
+	}
+}
+
 func TestPost(t *testing.T) {
 	var got struct {
 		method, path, auth, ctype, idem string

@@ -17,7 +17,9 @@
 //   - plain http only to loopback under AllowLoopback; other http URLs are
 //     dead with blocked_address without a connection attempt;
 //   - the response body is never read beyond a bounded drain, never kept;
-//   - the client has no logger: URLs may carry tokens in their query.
+//   - the client has no logger: URLs may carry tokens in their query;
+//   - one endpoint's failure never closes another endpoint's pooled
+//     connections (see keepIdle).
 //
 // A message whose secret ref has no secret is not sent and is classified
 // Retry with code no_secret: a missing secret is usually a deploy that has
@@ -83,10 +85,23 @@ type Config struct {
 
 // Sender performs attempts. It is safe for concurrent use.
 type Sender struct {
-	cfg    Config
-	policy netguard.Policy
-	client *retryablehttp.Client
+	cfg       Config
+	policy    netguard.Policy
+	client    *retryablehttp.Client
+	transport *http.Transport
 }
+
+// keepIdle is the client's RoundTripper without the transport's
+// CloseIdleConnections. go-retryablehttp's Client.Do calls
+// HTTPClient.CloseIdleConnections on every attempt it counts as failed (a
+// 5xx, a timeout, a refused connection: whatever CheckRetry would retry),
+// which closes the idle connections to every endpoint in the shared pool, so
+// one tenant's failing endpoint made every other tenant's next attempt dial
+// and handshake again. The failing connection needs no such help: net/http
+// already discards a connection whose request timed out or broke, or whose
+// body is closed before its end (Send drains at most drainLimit). Sender.Close
+// reaches the transport directly.
+type keepIdle struct{ http.RoundTripper }
 
 // Message is what an attempt needs of a claimed outbox message.
 type Message struct {
@@ -125,14 +140,16 @@ func New(cfg Config) *Sender {
 		MaxIdleConnsPerHost:   cfg.IdleConnsPerHost,
 		IdleConnTimeout:       90 * time.Second,
 	}
+	// No Client.Timeout: Send bounds each attempt with a context deadline
+	// instead, because with a Timeout and a RoundTripper that is not
+	// *http.Transport (keepIdle), net/http starts a timer goroutine per request.
 	hc := &http.Client{
-		Transport: transport,
-		Timeout:   cfg.Timeout,
+		Transport: keepIdle{transport},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
 	}
-	s := &Sender{cfg: cfg, policy: policy}
+	s := &Sender{cfg: cfg, policy: policy, transport: transport}
 	s.client = &retryablehttp.Client{
 		HTTPClient:   hc,
 		Logger:       nil,
@@ -156,8 +173,9 @@ func (s *Sender) checkRetry(ctx context.Context, resp *http.Response, err error)
 	return Classify(resp, err, s.cfg.Now()).Verdict == Retry, nil
 }
 
-// Close drops idle connections.
-func (s *Sender) Close() { s.client.HTTPClient.CloseIdleConnections() }
+// Close drops idle connections (at shutdown: the client's own
+// CloseIdleConnections does nothing, see keepIdle).
+func (s *Sender) Close() { s.transport.CloseIdleConnections() }
 
 // Send performs one attempt. The error is non-nil only when ctx ended first
 // (ErrAborted): every other outcome, including refusals before any request,
@@ -183,6 +201,14 @@ func (s *Sender) Send(ctx context.Context, m Message) (Result, error) {
 	if len(secs) == 0 {
 		return classifyErr(signer.ErrNoSecret), nil
 	}
+	// The attempt's own deadline: when it passes, the attempt is a timeout;
+	// when ctx ends first, it is aborted (checked on parent below).
+	parent := ctx
+	if s.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
+		defer cancel()
+	}
 	req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(m.Body))
 	if err != nil {
 		return classifyErr(errInsecureURL), nil
@@ -203,8 +229,8 @@ func (s *Sender) Send(ctx context.Context, m Message) (Result, error) {
 			_ = resp.Body.Close()
 		}()
 	}
-	if ctx.Err() != nil {
-		return Result{}, errors.Join(ErrAborted, ctx.Err())
+	if parent.Err() != nil {
+		return Result{}, errors.Join(ErrAborted, parent.Err())
 	}
 	return Classify(resp, err, s.cfg.Now()), nil
 }

@@ -40,6 +40,9 @@
 // envelopeworker_janitor_last_success_timestamp_seconds keeps the last success
 // for alerting. A failed push makes the run fail, so a silent monitoring gap
 // shows up as a failed Job.
+// PUSHGATEWAY_URL's user info (sent as basic auth) and query (sent with
+// every push) never appear in the log line or the error, nor does the
+// gateway's answer to a refused push: only its status (pushMetrics).
 //
 // Exit status: 0 for done, timeout, canceled (SIGTERM) and lock_held; non-zero
 // when the database refused or failed, the schema is older than this binary

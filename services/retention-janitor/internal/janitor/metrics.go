@@ -2,12 +2,16 @@ package janitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
+
+	"github.com/envelopeworker/envelopeworker/modules/redact"
 )
 
 // PushJob is the Pushgateway job label of every janitor push.
@@ -51,23 +55,77 @@ func registry(s Summary, failed bool, end time.Time) *prometheus.Registry {
 	return reg
 }
 
+// ErrPushRefused marks a push the gateway answered with a status other than
+// 200 or 202.
+var ErrPushRefused = errors.New("the gateway refused the push")
+
 // pushMetrics sends the run's figures. A success replaces the job's group
 // (PUT); a failure only replaces the metrics it carries (POST), leaving the
 // last success timestamp of an earlier run in place for alerting.
-func pushMetrics(ctx context.Context, url string, timeout time.Duration, s Summary, failed bool, end time.Time) error {
+//
+// PUSHGATEWAY_URL may carry basic-auth credentials and a token in its query.
+// The push package writes its URL into its errors, followed by the gateway's
+// answer, and net/http writes the request URL into its own; so the push
+// package gets the URL without user info and query, the user info goes in as
+// BasicAuth, pushTransport adds the query to the request, and the errors
+// returned here name the URL through redact.URL and never carry the gateway's
+// answer, only its status.
+func pushMetrics(ctx context.Context, rawURL string, timeout time.Duration, s Summary, failed bool, end time.Time) error {
+	shown := redact.URL(rawURL)
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return fmt.Errorf("push metrics to %s: %w: PUSHGATEWAY_URL does not parse", shown, ErrConfig)
+	}
+	rt := &pushTransport{base: http.DefaultTransport, query: u.RawQuery}
+	base := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}
+	p := push.New(base.String(), PushJob).
+		Gatherer(registry(s, failed, end)).
+		Client(&http.Client{
+			Transport: rt,
+			Timeout:   timeout,
+			// A redirect would take the query's token and the gateway's
+			// status elsewhere; a Pushgateway answers without one.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		})
+	if u.User != nil {
+		pass, _ := u.User.Password()
+		p = p.BasicAuth(u.User.Username(), pass)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	p := push.New(url, PushJob).
-		Gatherer(registry(s, failed, end)).
-		Client(&http.Client{Timeout: timeout})
-	var err error
 	if failed {
 		err = p.AddContext(ctx)
 	} else {
 		err = p.PushContext(ctx)
 	}
-	if err != nil {
-		return fmt.Errorf("push metrics: %w", err)
+	switch {
+	case err == nil:
+		return nil
+	case rt.status != 0 && rt.status != http.StatusOK && rt.status != http.StatusAccepted:
+		return fmt.Errorf("push metrics to %s: %w: %d %s", shown, ErrPushRefused, rt.status, http.StatusText(rt.status))
+	default:
+		// No answer (or none the push package accepted): its error names
+		// only the base URL, which holds no credential.
+		return fmt.Errorf("push metrics to %s: %w", shown, err)
 	}
-	return nil
+}
+
+// pushTransport puts PUSHGATEWAY_URL's query on the push request and keeps
+// the status the gateway answered.
+type pushTransport struct {
+	base   http.RoundTripper
+	query  string
+	status int
+}
+
+func (t *pushTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.query != "" {
+		req = req.Clone(req.Context())
+		req.URL.RawQuery = t.query // the push package's URL has none
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err == nil {
+		t.status = resp.StatusCode
+	}
+	return resp, err
 }

@@ -304,9 +304,14 @@ type gateway struct {
 }
 
 type pushed struct {
-	method, path string
-	families     map[string]*dto.MetricFamily
+	method, path, query string
+	user, password      string
+	families            map[string]*dto.MetricFamily
 }
+
+// gatewayAnswer is the body a gateway test double sends with a failure
+// status: the run's error and log must not repeat it.
+const gatewayAnswer = "gateway-answer-body"
 
 func newGateway(t *testing.T, status int) *gateway {
 	g := &gateway{}
@@ -323,10 +328,14 @@ func newGateway(t *testing.T, status int) *gateway {
 			}
 			fams[mf.GetName()] = mf
 		}
+		user, password, _ := r.BasicAuth()
 		g.mu.Lock()
-		g.reqs = append(g.reqs, pushed{method: r.Method, path: r.URL.Path, families: fams})
+		g.reqs = append(g.reqs, pushed{method: r.Method, path: r.URL.Path, query: r.URL.RawQuery, user: user, password: password, families: fams})
 		g.mu.Unlock()
 		w.WriteHeader(status)
+		if status >= 300 {
+			_, _ = io.WriteString(w, gatewayAnswer)
+		}
 	}))
 	t.Cleanup(g.Close)
 	return g
@@ -426,6 +435,51 @@ func TestRunPushFailureFailsTheRun(t *testing.T) {
 	}
 	if sum.StoppedBy != "error" || sum.RowsDeleted != 10 || sum.Pushed {
 		t.Fatalf("summary = %+v; the deletes stand, the run fails", sum)
+	}
+}
+
+// A PUSHGATEWAY_URL with basic-auth user info and a token in its query
+// authenticates with both, and when the gateway refuses, neither (nor the
+// gateway's answer) reaches the error or the log: the status does.
+func TestRunPushURLCredentials(t *testing.T) {
+	t.Parallel()
+	const user, password, token = "push-user-1", "push-pass-1", "push-token-1"
+	for _, status := range []int{http.StatusOK, http.StatusUnauthorized} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.seed(t, 1, 10, 10)
+			gw := newGateway(t, status)
+			pushURL := strings.Replace(gw.URL, "://", "://"+user+":"+password+"@", 1) + "/?token=" + token
+			sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN, "PUSHGATEWAY_URL": pushURL})
+			reqs := gw.requests()
+			if len(reqs) != 1 {
+				t.Fatalf("pushes = %d, want 1", len(reqs))
+			}
+			p := reqs[0]
+			if p.user != user || p.password != password || p.query != "token="+token || p.path != "/metrics/job/"+PushJob {
+				t.Fatalf("the gateway saw user %q password %q query %q path %q", p.user, p.password, p.query, p.path)
+			}
+			if status == http.StatusOK {
+				if err != nil || !sum.Pushed || sum.StoppedBy != "done" {
+					t.Fatalf("summary %+v, err %v", sum, err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrPushRefused) || sum.StoppedBy != "error" || sum.Pushed {
+				t.Fatalf("summary %+v, err %v; want ErrPushRefused", sum, err)
+			}
+			for _, out := range []string{err.Error(), raw} {
+				if !strings.Contains(out, "401") {
+					t.Errorf("the status is missing: %s", out)
+				}
+				for _, secret := range []string{user, password, token, gatewayAnswer} {
+					if strings.Contains(out, secret) {
+						t.Errorf("%q leaked: %s", secret, out)
+					}
+				}
+			}
+		})
 	}
 }
 

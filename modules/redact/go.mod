@@ -1,0 +1,3 @@
+module github.com/envelopeworker/envelopeworker/modules/redact
+
+go 1.26
