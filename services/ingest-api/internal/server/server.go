@@ -73,7 +73,12 @@
 // are not valid identities are 400 invalid_request; "limit" (1–100, default
 // 100) and "after" (a non-negative integer, default 0) that do not parse or
 // fall outside their range are 400 invalid_page. Reads are peer-limited but
-// not sync-limited and not audited.
+// not sync-limited and not audited. A page of envelopes holds at most limit
+// envelopes and at most envelope.MaxPageBytes (4 MiB) of stored envelope
+// JSON, but always the first envelope due, however large; its cursor is
+// still the stream's, and a reader continues with after = the last sequence
+// it got until that equals the cursor. The store stops at the byte budget,
+// and the page is written from its rows without being encoded again.
 //
 // # Outbox routes
 //
