@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -76,6 +77,76 @@ func (p *peakSampler) finish() uint64 {
 	close(p.stop)
 	<-p.done
 	return p.peak.Load()
+}
+
+// TestIdleDeclaredBodies: 300 connections declare a 1 MiB body and send
+// nothing more. The server must not reserve memory for bytes that never
+// came (contract §8.2), and a valid envelope on another connection is
+// answered meanwhile.
+func TestIdleDeclaredBodies(t *testing.T) {
+	const conns = 300
+	f := newFixture(t)
+	var active atomic.Int64
+	ts := httptest.NewUnstartedServer(f.srv.Handler())
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateActive {
+			active.Add(1)
+		}
+	}
+	ts.Start()
+	defer ts.Close()
+	// Warm the server's pools and caches so the baseline holds them.
+	if r := overHTTP(t, ts, req{method: http.MethodPost, path: "/v1/envelopes", token: f.device, body: f.sign(draft(1))}); r.status != 200 {
+		t.Fatalf("warm-up: %d %s", r.status, r.body)
+	}
+	active.Store(0)
+
+	before := liveHeap()
+	idle := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, c := range idle {
+			_ = c.Close()
+		}
+	}()
+	head := "POST /v1/envelopes HTTP/1.1\r\nHost: ingest\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+	for range conns {
+		c, err := net.Dial("tcp", ts.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); active.Load() < conns; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d connections reached the server", active.Load(), conns)
+		}
+	}
+
+	start := time.Now()
+	r := overHTTP(t, ts, req{method: http.MethodPost, path: "/v1/envelopes", token: f.device, body: f.sign(draft(2))})
+	took := time.Since(start)
+	wantAnswer(t, r, 200, "accepted", "", 2)
+
+	// The handlers start just after their connection turns active: sample
+	// the live heap for a while and keep the largest growth.
+	var inuse, alloc float64
+	for range 10 {
+		time.Sleep(50 * time.Millisecond)
+		m := liveHeap()
+		inuse = max(inuse, growthMiB(m.HeapInuse, before.HeapInuse))
+		alloc = max(alloc, growthMiB(m.HeapAlloc, before.HeapAlloc))
+	}
+	t.Logf("%d idle connections declaring 1 MiB: live heap +%.1f MiB HeapInuse, +%.1f MiB HeapAlloc; a valid envelope answered in %v",
+		conns, inuse, alloc, took.Round(time.Millisecond))
+	if inuse >= 16 || alloc >= 16 {
+		t.Errorf("heap grew by %.1f MiB in use, %.1f MiB allocated; want < 16 MiB", inuse, alloc)
+	}
+	if took >= time.Second {
+		t.Errorf("a valid envelope took %v beside idle connections; want < 1s", took)
+	}
 }
 
 // TestStreamPageOfLargeEnvelopes reads a stream of 100 envelopes of about
