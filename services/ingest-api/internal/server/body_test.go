@@ -80,6 +80,12 @@ func (p *slowPost) answer(t *testing.T) resp {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return readResp(t, res)
+}
+
+// readResp reads and closes an answer from a real connection.
+func readResp(t *testing.T, res *http.Response) resp {
+	t.Helper()
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
@@ -206,12 +212,7 @@ func overHTTP(t *testing.T, ts *httptest.Server, r req) resp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp{status: res.StatusCode, header: res.Header, body: b}
+	return readResp(t, res)
 }
 
 // TestInflightBodyBoundConfig: the bound defaults to 64 MiB and must exceed
