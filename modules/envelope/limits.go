@@ -12,8 +12,9 @@ const (
 
 // MaxPageBytes bounds the envelope JSON of one stream page (contract §8.2):
 // four envelopes of the largest size, so a reader of large envelopes still
-// gets several per request while neither side holds more than this at once.
-// A page always carries its first envelope, whatever its size.
+// gets several per request while what a page makes the server and the
+// reader hold stays bounded. A page always carries its first envelope,
+// whatever its size.
 const MaxPageBytes = 4 * MaxDocumentBytes
 
 // Limits bounds what the reader accepts. MaxBytes counts the raw input,
