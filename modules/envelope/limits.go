@@ -3,10 +3,19 @@ package envelope
 // Contract limits for one document (section 1 of controlplane/v1). They are
 // ceilings: callers may tighten them, never loosen them.
 const (
-	defaultMaxBytes = 1 << 20
-	defaultMaxDepth = 64
-	defaultMaxItems = 10000
+	// MaxDocumentBytes is the byte limit of a document, white space
+	// included; it is also the limit of a whole request body, a batch's too.
+	MaxDocumentBytes = 1 << 20
+	defaultMaxDepth  = 64
+	defaultMaxItems  = 10000
 )
+
+// MaxPageBytes bounds the envelope JSON of one stream page (contract §8.2):
+// four envelopes of the largest size, so a reader of large envelopes still
+// gets several per request while what a page makes the server and the
+// reader hold stays bounded. A page always carries its first envelope,
+// whatever its size.
+const MaxPageBytes = 4 * MaxDocumentBytes
 
 // Limits bounds what the reader accepts. MaxBytes counts the raw input,
 // white space included. MaxDepth counts containers: a top-level object or
@@ -18,7 +27,7 @@ type Limits struct {
 
 // DefaultLimits returns the contract's limits: 1 MiB, depth 64, 10,000 items.
 func DefaultLimits() Limits {
-	return Limits{MaxBytes: defaultMaxBytes, MaxDepth: defaultMaxDepth, MaxItems: defaultMaxItems}
+	return Limits{MaxBytes: MaxDocumentBytes, MaxDepth: defaultMaxDepth, MaxItems: defaultMaxItems}
 }
 
 // Tighten returns l with every field of o that is positive and smaller than

@@ -161,7 +161,7 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 	if err := ingest.Audit(ctx, actor("t1", "d1"), store.AuditEntry{Outcome: "refused", Reason: "route_mismatch"}); err != nil {
 		t.Fatalf("ingest audit: %v", err)
 	}
-	if _, _, err := ingest.ReadStream(ctx, "t1", "p1", "d1", 0, 10); err != nil {
+	if _, _, err := ingest.ReadStream(ctx, "t1", "p1", "d1", 0, 10, 1<<20); err != nil {
 		t.Fatalf("ingest read stream: %v", err)
 	}
 	if _, err := ingest.Stream(ctx, "t1", "p1", "d1"); err != nil {

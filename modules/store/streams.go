@@ -101,29 +101,45 @@ const MaxReadLimit = 1000
 
 // One snapshot for the cursor and the rows, so the page never runs past the
 // cursor it reports. A payload past expires_at counts as expired even before
-// the janitor deletes it.
+// the janitor deletes it. The byte budget is applied here, by a running sum
+// of octet_length (which reads the stored length, not the value), so rows
+// past it never leave PostgreSQL and the caller never holds more than the
+// budget plus one envelope. The first row always passes, and so does the
+// lone row of a page without envelopes (sequence NULL), which carries the
+// cursor.
 const readStreamSQL = `
-SELECT st.cursor, e.sequence, e.event_identity,
-       CASE WHEN p.expires_at > now() THEN p.envelope END
-FROM (SELECT coalesce(max(cursor), 0) AS cursor FROM streams
-      WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3) st
-LEFT JOIN LATERAL (
-    SELECT sequence, event_identity FROM event_identities
-    WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
-      AND sequence > $4::bigint AND sequence <= st.cursor
-    ORDER BY sequence LIMIT $5
-) e ON true
-LEFT JOIN inbound_payloads p ON p.tenant_id = $1 AND p.event_identity = e.event_identity
-ORDER BY e.sequence`
+SELECT cursor, sequence, event_identity, envelope FROM (
+    SELECT st.cursor, e.sequence, e.event_identity, p.envelope,
+           row_number() OVER w AS n,
+           sum(coalesce(octet_length(p.envelope), 0)) OVER w AS upto
+    FROM (SELECT coalesce(max(cursor), 0) AS cursor FROM streams
+          WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3) st
+    LEFT JOIN LATERAL (
+        SELECT sequence, event_identity FROM event_identities
+        WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
+          AND sequence > $4::bigint AND sequence <= st.cursor
+        ORDER BY sequence LIMIT $5
+    ) e ON true
+    LEFT JOIN LATERAL (
+        SELECT CASE WHEN expires_at > now() THEN envelope END AS envelope FROM inbound_payloads
+        WHERE tenant_id = $1 AND event_identity = e.event_identity
+    ) p ON true
+    WINDOW w AS (ORDER BY e.sequence)
+) page
+WHERE n = 1 OR upto <= $6::bigint
+ORDER BY sequence`
 
-// ReadStream is the consumer read of contract §2: retained envelopes with
-// after < sequence <= cursor in sequence order (at most limit), and the cursor.
-func (s *Store) ReadStream(ctx context.Context, tenant, project, producer string, after int64, limit int) ([]StreamEnvelope, int64, error) {
+// ReadStream is the consumer read of contract §2 and §8.2: retained
+// envelopes with after < sequence <= cursor in sequence order, at most limit
+// of them and, past the first, at most maxBytes of envelope bytes in all
+// (an expired payload counts nothing), and the cursor. A reader continues
+// with after = the last sequence it got.
+func (s *Store) ReadStream(ctx context.Context, tenant, project, producer string, after int64, limit int, maxBytes int64) ([]StreamEnvelope, int64, error) {
 	const op = "read stream"
-	if !validIdentity(tenant, project, producer) || after < 0 || limit < 1 || limit > MaxReadLimit {
+	if !validIdentity(tenant, project, producer) || after < 0 || limit < 1 || limit > MaxReadLimit || maxBytes < 1 {
 		return nil, 0, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, readStreamSQL, tenant, project, producer, after, limit)
+	rows, err := s.sqlDB().QueryContext(ctx, readStreamSQL, tenant, project, producer, after, limit, maxBytes)
 	if err != nil {
 		return nil, 0, classify(ctx, op, err)
 	}

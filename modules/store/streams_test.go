@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +18,7 @@ func TestStreamNeverWritten(t *testing.T) {
 	if err != nil || st != (store.StreamState{}) {
 		t.Fatalf("Stream = %+v, %v", st, err)
 	}
-	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "nobody", 0, 100)
+	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "nobody", 0, 100, 1<<20)
 	if err != nil || cursor != 0 || len(envs) != 0 {
 		t.Fatalf("ReadStream = %v, %d, %v", envs, cursor, err)
 	}
@@ -42,7 +44,7 @@ func TestReadStream(t *testing.T) {
 	mustIngest(t, f.s, actor("t1", "d2"), env{tenant: "t1", project: "p1", producer: "d2", eventID: "x", seq: 1}.input())
 	mustIngest(t, f.s, actor("t2", "d1"), env{tenant: "t2", project: "p1", producer: "d1", eventID: "y", seq: 1}.input())
 
-	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 0, 100)
+	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 0, 100, 1<<20)
 	if err != nil || cursor != 3 || len(envs) != 3 {
 		t.Fatalf("ReadStream = %d envelopes, cursor %d, %v; want 3 up to the cursor", len(envs), cursor, err)
 	}
@@ -61,11 +63,11 @@ func TestReadStream(t *testing.T) {
 		}
 	}
 	// Paging.
-	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 1, 1)
+	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 1, 1, 1<<20)
 	if err != nil || cursor != 3 || len(envs) != 1 || envs[0].Sequence != 2 {
 		t.Fatalf("page after 1: %+v, %d, %v", envs, cursor, err)
 	}
-	envs, _, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100)
+	envs, _, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
 	if err != nil || len(envs) != 0 {
 		t.Fatalf("after the cursor: %+v, %v", envs, err)
 	}
@@ -74,7 +76,7 @@ func TestReadStream(t *testing.T) {
 	if _, err := f.admin.Exec(`DELETE FROM inbound_payloads WHERE event_identity = decode($1, 'hex')`, ins[5].EventIdentity); err != nil {
 		t.Fatal(err)
 	}
-	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100)
+	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
 	if err != nil || cursor != 6 || len(envs) != 3 || envs[1].Sequence != 5 || !envs[1].PayloadExpired || envs[1].Envelope != nil || envs[2].PayloadExpired {
 		t.Fatalf("after the fill: %+v, %d, %v", envs, cursor, err)
 	}
@@ -82,9 +84,60 @@ func TestReadStream(t *testing.T) {
 		after int64
 		limit int
 	}{"negative after": {-1, 10}, "zero limit": {0, 0}, "huge limit": {0, store.MaxReadLimit + 1}} {
-		if _, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", c.after, c.limit); !errors.Is(err, store.ErrInvalid) {
+		if _, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", c.after, c.limit, 1<<20); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+	if _, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 0, 10, 0); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("no byte budget: %v", err)
+	}
+}
+
+// TestReadStreamByteBudget: a page stops before the envelope that would take
+// it past maxBytes, but always carries its first envelope, however large; an
+// expired payload takes none of the budget.
+func TestReadStreamByteBudget(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a := actor("t1", "d1")
+	sizes := map[int64]int{}
+	for seq := int64(1); seq <= 6; seq++ {
+		e := ev(fmt.Sprintf("e%d", seq), seq)
+		e.content = strings.Repeat("x", 1000)
+		if seq == 1 {
+			e.content = strings.Repeat("x", 5000) // alone over the budget
+		}
+		in := e.input()
+		if seq == 4 {
+			in.ExpiresAt = time.Now().Add(-time.Second)
+		}
+		sizes[seq] = len(in.Canonical)
+		mustIngest(t, f.s, a, in)
+	}
+	budget := int64(sizes[2] + sizes[3] + sizes[5]/2) // two envelopes and a half
+	var pages [][]int64
+	for after := int64(0); ; {
+		envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "d1", after, 100, budget)
+		if err != nil || cursor != 6 {
+			t.Fatalf("after %d: cursor %d, %v", after, cursor, err)
+		}
+		if len(envs) == 0 {
+			break
+		}
+		var seqs []int64
+		for _, e := range envs {
+			seqs = append(seqs, e.Sequence)
+			after = e.Sequence
+		}
+		pages = append(pages, seqs)
+	}
+	if got, want := fmt.Sprint(pages), "[[1] [2 3 4] [5 6]]"; got != want {
+		t.Fatalf("pages %s, want %s (sizes %v, budget %d)", got, want, sizes, budget)
+	}
+	// limit still applies inside the budget.
+	envs, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 1, 1, budget)
+	if err != nil || len(envs) != 1 || envs[0].Sequence != 2 {
+		t.Fatalf("limit 1: %+v, %v", envs, err)
 	}
 }
 

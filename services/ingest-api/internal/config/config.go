@@ -12,7 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
+	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/server"
 )
 
 // ErrInvalid reports a setting that cannot be used; the message names it.
@@ -25,6 +27,7 @@ const MaxCredentialCacheTTL = 2 * time.Second
 type Config struct {
 	DatabaseURL             string
 	IngestAddr              string
+	MaxInflightBodyBytes    int64
 	MetricsAddr             string
 	OutboundSigningKeysFile string
 	OutboundKeysReload      time.Duration
@@ -61,6 +64,7 @@ func (s setting) flagName() string {
 func Load(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	c := Config{
 		IngestAddr:             ":8080",
+		MaxInflightBodyBytes:   server.DefaultMaxInflightBodyBytes,
 		MetricsAddr:            ":9090",
 		PayloadRetention:       2160 * time.Hour,
 		ReplayWindow:           2160 * time.Hour,
@@ -82,6 +86,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 	settings := []setting{
 		{"DATABASE_URL", "PostgreSQL DSN (required; never printed)", (*secretValue)(&c.DatabaseURL)},
 		{"INGEST_ADDR", "API listen address", (*stringValue)(&c.IngestAddr)},
+		{"INGEST_MAX_INFLIGHT_BODY_BYTES", "bytes of request bodies held at once, counted as they arrive; past it new requests answer 503 unavailable (more than the 1 MiB body limit)", (*int64Value)(&c.MaxInflightBodyBytes)},
 		{"METRICS_ADDR", "Prometheus /metrics listen address (separate listener)", (*stringValue)(&c.MetricsAddr)},
 		{"OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>"}}, checked at start, reloaded when it changes`, (*stringValue)(&c.OutboundSigningKeysFile)},
 		{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "how often OUTBOUND_SIGNING_KEYS_FILE is checked for changes (a bad new version is logged and the previous keys stay)", (*durationValue)(&c.OutboundKeysReload)},
@@ -143,6 +148,8 @@ func (c Config) Validate() error {
 		return bad("DATABASE_URL", "is required")
 	case c.IngestAddr == "":
 		return bad("INGEST_ADDR", "is empty")
+	case c.MaxInflightBodyBytes <= envelope.MaxDocumentBytes:
+		return bad("INGEST_MAX_INFLIGHT_BODY_BYTES", "must be more than the 1 MiB body limit")
 	case c.MetricsAddr == "":
 		return bad("METRICS_ADDR", "is empty")
 	case c.PayloadRetention <= 0:

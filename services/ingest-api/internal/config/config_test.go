@@ -26,7 +26,7 @@ func TestDefaults(t *testing.T) {
 		SyncLimitTokens: 100, SyncLimitInterval: time.Second, PeerLimitTokens: 1000, PeerLimitInterval: time.Second,
 		ShutdownGrace: 25 * time.Second, StoreTimeout: 10 * time.Second, DBMaxOpenConns: 32,
 		CredentialCacheTTL: time.Second, GroupCommitMaxItems: 100, GroupCommitConcurrency: 8, LogLevel: "info",
-		OutboundKeysReload: 5 * time.Second,
+		OutboundKeysReload: 5 * time.Second, MaxInflightBodyBytes: 64 << 20,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -35,13 +35,14 @@ func TestDefaults(t *testing.T) {
 
 func TestEnvironmentAndFlagsMirror(t *testing.T) {
 	e := env(map[string]string{
-		"DATABASE_URL":        "postgres://env",
-		"INGEST_ADDR":         ":1111",
-		"SYNC_LIMIT_TOKENS":   "7",
-		"SYNC_LIMIT_INTERVAL": "2m",
-		"PEER_LIMIT_TOKENS":   "9",
-		"REPLAY_WINDOW":       "48h",
-		"MAX_SEQUENCE_AHEAD":  "5",
+		"DATABASE_URL":                   "postgres://env",
+		"INGEST_ADDR":                    ":1111",
+		"SYNC_LIMIT_TOKENS":              "7",
+		"SYNC_LIMIT_INTERVAL":            "2m",
+		"PEER_LIMIT_TOKENS":              "9",
+		"REPLAY_WINDOW":                  "48h",
+		"MAX_SEQUENCE_AHEAD":             "5",
+		"INGEST_MAX_INFLIGHT_BODY_BYTES": "8388608",
 	})
 	c, err := Load([]string{"--ingest-addr", ":2222", "--peer-limit-interval=3s", "--payload-retention", "1h", "--shutdown-grace", "4s"}, e, &bytes.Buffer{})
 	if err != nil {
@@ -52,7 +53,7 @@ func TestEnvironmentAndFlagsMirror(t *testing.T) {
 	}
 	if c.DatabaseURL != "postgres://env" || c.SyncLimitTokens != 7 || c.SyncLimitInterval != 2*time.Minute ||
 		c.PeerLimitTokens != 9 || c.PeerLimitInterval != 3*time.Second || c.ReplayWindow != 48*time.Hour ||
-		c.MaxSequenceAhead != 5 || c.PayloadRetention != time.Hour || c.ShutdownGrace != 4*time.Second {
+		c.MaxSequenceAhead != 5 || c.MaxInflightBodyBytes != 8<<20 || c.PayloadRetention != time.Hour || c.ShutdownGrace != 4*time.Second {
 		t.Errorf("unexpected config %+v", c)
 	}
 }
@@ -66,7 +67,8 @@ func TestHelpListsEveryVariableAndHidesDSN(t *testing.T) {
 	text := out.String()
 	for _, name := range []string{"DATABASE_URL", "INGEST_ADDR", "METRICS_ADDR", "OUTBOUND_SIGNING_KEYS_FILE",
 		"PAYLOAD_RETENTION", "SYNC_LIMIT_TOKENS", "SYNC_LIMIT_INTERVAL", "PEER_LIMIT_TOKENS", "PEER_LIMIT_INTERVAL",
-		"REPLAY_WINDOW", "MAX_SEQUENCE_AHEAD", "SHUTDOWN_GRACE", "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL"} {
+		"REPLAY_WINDOW", "MAX_SEQUENCE_AHEAD", "SHUTDOWN_GRACE", "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL",
+		"INGEST_MAX_INFLIGHT_BODY_BYTES"} {
 		flagName := "-" + strings.ReplaceAll(strings.ToLower(name), "_", "-")
 		if !strings.Contains(text, "env "+name+")") || !strings.Contains(text, flagName) {
 			t.Errorf("-h does not document %s / %s", name, flagName)
@@ -93,6 +95,8 @@ func TestRefusals(t *testing.T) {
 		{"zero interval", map[string]string{"SYNC_LIMIT_INTERVAL": "0s"}, nil, "SYNC_LIMIT_INTERVAL"},
 		{"ahead", map[string]string{"MAX_SEQUENCE_AHEAD": "0"}, nil, "MAX_SEQUENCE_AHEAD"},
 		{"cache ttl", map[string]string{"CREDENTIAL_CACHE_TTL": "3s"}, nil, "CREDENTIAL_CACHE_TTL"},
+		{"inflight at the body limit", map[string]string{"INGEST_MAX_INFLIGHT_BODY_BYTES": "1048576"}, nil, "INGEST_MAX_INFLIGHT_BODY_BYTES"},
+		{"inflight flag not a number", nil, []string{"--ingest-max-inflight-body-bytes", "64MiB"}, "ingest-max-inflight-body-bytes"},
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},
 		{"unknown flag", nil, []string{"--nope"}, "nope"},
 		{"stray arg", nil, []string{"extra"}, "unexpected argument"},

@@ -76,7 +76,7 @@ func TestRevokedCredential(t *testing.T) {
 
 func TestCommitterRefusesAfterClose(t *testing.T) {
 	f := newFixture(t)
-	c := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry()), time.Minute, 0, 10, 1)
+	c := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 0, 10, 1)
 	item := store.BatchItem{
 		Actor:   store.Actor{TenantID: tenantA, AccountID: "acct-1", DeviceID: deviceA, CorrelationID: "c1"},
 		Refusal: &store.AuditEntry{Outcome: outcomeRefused, Reason: reasonForbidden},
@@ -90,7 +90,7 @@ func TestCommitterRefusesAfterClose(t *testing.T) {
 		t.Fatalf("submit after close: %v", err)
 	}
 	// An invalid item fails alone; its neighbours in the same group commit.
-	c2 := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry()), time.Minute, 50*time.Millisecond, 10, 1)
+	c2 := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 50*time.Millisecond, 10, 1)
 	defer c2.close()
 	bad := item
 	bad.Refusal = &store.AuditEntry{Outcome: outcomeRefused, Reason: "Not A Code"}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -14,38 +13,6 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
-
-// readBody enforces the body limit (step 0) before anything is buffered: a
-// declared Content-Length over the limit is refused unread, and the reader
-// is capped so a chunked body stops at limit+1 bytes. ok is false when the
-// request has been answered. A body that cannot be read (a broken chunked
-// stream) is answered malformed, the route's reason for a bad body.
-func (s *Server) readBody(c echo.Context, malformed string) ([]byte, bool) {
-	r := c.Request()
-	limit := s.cfg.MaxBodyBytes
-	if r.ContentLength > limit {
-		s.refuse(c, reasonBodyTooLarge)
-		return nil, false
-	}
-	size := r.ContentLength
-	if size < 0 {
-		size = 4096
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1))
-	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, limit))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			s.refuse(c, reasonBodyTooLarge)
-			return nil, false
-		}
-		// The client went away or sent a broken chunked stream: nothing
-		// was read, so this is a malformed request, not our failure.
-		s.refuse(c, malformed)
-		return nil, false
-	}
-	return buf.Bytes(), true
-}
 
 // admit runs the peer limiter (step 0) and authentication (step 1). ok is
 // false when the request has been answered.

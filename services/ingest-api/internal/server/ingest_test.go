@@ -373,6 +373,17 @@ func TestGroupCommitManyStreams(t *testing.T) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
+// streamPage is the answer of GET /v1/streams/{project}/{producer}/envelopes.
+type streamPage struct {
+	Envelopes []struct {
+		Sequence       int64           `json:"sequence"`
+		EventIdentity  string          `json:"event_identity"`
+		Envelope       json.RawMessage `json:"envelope"`
+		PayloadExpired bool            `json:"payload_expired"`
+	} `json:"envelopes"`
+	Cursor int64 `json:"cursor"`
+}
+
 func (f *fixture) readStream(t testing.TB, token, project, producer, query string) streamPage {
 	t.Helper()
 	r := f.do(req{method: http.MethodGet, path: "/v1/streams/" + project + "/" + producer + "/envelopes" + query, token: token})

@@ -16,9 +16,12 @@ type metrics struct {
 	outbox         *prometheus.CounterVec
 	commitSize     prometheus.Histogram
 	commitDuration prometheus.Histogram
+	// bodyBudgetRefusals counts requests answered 503 because the in-flight
+	// body budget was spent; the bytes held are a gauge read from the budget.
+	bodyBudgetRefusals prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "envelopeworker", Subsystem: "ingest", Name: "requests_total",
@@ -55,8 +58,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Duration of group-commit transactions.",
 			Buckets: prometheus.DefBuckets,
 		}),
+		bodyBudgetRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "envelopeworker", Subsystem: "ingest", Name: "inflight_body_refusals_total",
+			Help: "Requests answered 503 because INGEST_MAX_INFLIGHT_BODY_BYTES of request bodies were already held.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.envelopes, m.duration, m.limiterRefused, m.storeErrors, m.outbox, m.commitSize, m.commitDuration)
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "envelopeworker", Subsystem: "ingest", Name: "inflight_body_bytes",
+		Help: "Bytes of request-body buffers held at once (bounded by INGEST_MAX_INFLIGHT_BODY_BYTES).",
+	}, func() float64 { return float64(bodies.held.Load()) })
+	reg.MustRegister(m.requests, m.envelopes, m.duration, m.limiterRefused, m.storeErrors, m.outbox, m.commitSize, m.commitDuration,
+		m.bodyBudgetRefusals, inflight)
 	return m
 }
 

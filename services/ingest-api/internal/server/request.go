@@ -29,6 +29,9 @@ type reqState struct {
 	outcome, reason string
 	// items counts batch items by outcome for the access log.
 	items int
+	// bodyHeld is what readBody reserved from the in-flight body budget;
+	// observe gives it back once the handler is done with the body.
+	bodyHeld int64
 }
 
 func state(c echo.Context) *reqState {
@@ -100,6 +103,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		st.route = routeLabel(c)
 		c.Set(stateKey, st)
+		// Deferred, so a body's reservation is given back on every path:
+		// an answer, an error, a panic, a client gone.
+		defer func() { s.bodies.release(st.bodyHeld) }()
 		c.Response().Header().Set("X-Correlation-Id", st.correlationID)
 
 		err := next(c)

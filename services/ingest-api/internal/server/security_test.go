@@ -18,8 +18,8 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
-// counterValue reads one series of a counter vector from reg (0 when the
-// series does not exist yet).
+// counterValue reads one series of a counter or gauge (vector) from reg (0
+// when the series does not exist yet).
 func counterValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -40,6 +40,9 @@ func counterValue(t testing.TB, reg prometheus.Gatherer, name string, labels map
 				if got[k] != v {
 					continue series
 				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
 			}
 			return m.GetCounter().GetValue()
 		}

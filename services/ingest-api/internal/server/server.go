@@ -8,7 +8,9 @@
 //
 //	0  Content-Length over the body limit: 413 body_too_large, without
 //	   reading; then the body is read through http.MaxBytesReader, so a
-//	   chunked body is cut at the limit (413 too). Then the peer limiter,
+//	   chunked body is cut at the limit (413 too), into a buffer that grows
+//	   as bytes arrive against the in-flight body budget (503 unavailable +
+//	   Retry-After: 1 past it; see below). Then the peer limiter,
 //	   keyed by the remote IP address (429 rate_limited + Retry-After). The
 //	   address is the TCP peer's, never a forwarding header: behind a proxy
 //	   or load balancer every client shares the proxy's bucket, so size
@@ -31,6 +33,31 @@
 // transaction as the envelope for accepts, and is only sent once that row is
 // committed. The peer limiter counts only /v1/ routes; health routes are
 // never limited and /metrics lives on its own listener.
+//
+// # Memory under hostile load
+//
+// Contract §8.2. A declared Content-Length is never an allocation: readBody
+// (body.go) starts every body at 512 bytes and doubles the buffer as bytes
+// arrive, capped at the declared length or the limit (plus one byte to see
+// the end). Every growth is first reserved from one budget per replica,
+// MaxInflightBodyBytes (INGEST_MAX_INFLIGHT_BODY_BYTES, default 64 MiB),
+// which counts buffer capacity actually allocated; a request that cannot
+// reserve its next growth is answered 503 unavailable with Retry-After: 1
+// (counted in envelopeworker_ingest_inflight_body_refusals_total). An idle
+// connection thus holds 512 bytes of it and a trickling one at most twice
+// what it sent. A request keeps its reservation until its handler returns
+// (the decided envelope and the group commit still reference the body); the
+// observe middleware gives it back in a defer, so an answer, an error, a
+// panic and a client gone mid-body all release it. The bytes held are the
+// gauge envelopeworker_ingest_inflight_body_bytes.
+//
+// The budget sits inside step 0, while the body is read, before the peer
+// limiter: the contract orders the body limit first, and the peer limiter
+// counts requests, not bytes or how long they stay, so it cannot bound what
+// connections hold; the budget bounds it for every peer at once. A request
+// refused for the budget has taken no peer or sync token and is not
+// authenticated or audited; its 503 says nothing was acknowledged, so the
+// client retries. Routes without a body never touch the budget.
 //
 // # Batches
 //
@@ -73,7 +100,12 @@
 // are not valid identities are 400 invalid_request; "limit" (1–100, default
 // 100) and "after" (a non-negative integer, default 0) that do not parse or
 // fall outside their range are 400 invalid_page. Reads are peer-limited but
-// not sync-limited and not audited.
+// not sync-limited and not audited. A page of envelopes holds at most limit
+// envelopes and at most envelope.MaxPageBytes (4 MiB) of stored envelope
+// JSON, but always the first envelope due, however large; its cursor is
+// still the stream's, and a reader continues with after = the last sequence
+// it got until that equals the cursor. The store stops at the byte budget,
+// and the page is written from its rows without being encoded again.
 //
 // # Outbox routes
 //
@@ -147,10 +179,14 @@ type Config struct {
 	SyncLimit        limiter.Policy
 	PeerLimit        limiter.Policy
 	// MaxBodyBytes may only tighten the contract's 1 MiB.
-	MaxBodyBytes       int64
-	StoreTimeout       time.Duration // default 10s
-	CredentialCacheTTL time.Duration // 0: no cache; at most 2s
-	GroupCommitWindow  time.Duration
+	MaxBodyBytes int64
+	// MaxInflightBodyBytes bounds the request-body bytes held at once
+	// (default DefaultMaxInflightBodyBytes); it must exceed MaxBodyBytes,
+	// so that a body of the largest size fits when nothing else is held.
+	MaxInflightBodyBytes int64
+	StoreTimeout         time.Duration // default 10s
+	CredentialCacheTTL   time.Duration // 0: no cache; at most 2s
+	GroupCommitWindow    time.Duration
 	// GroupCommitMaxItems defaults to 100; 1 turns grouping off.
 	GroupCommitMaxItems int
 	// GroupCommitConcurrency defaults to 8: transactions in flight, of
@@ -182,6 +218,9 @@ func (c *Config) setDefaults() error {
 	if limit := int64(envelope.DefaultLimits().MaxBytes); c.MaxBodyBytes <= 0 || c.MaxBodyBytes > limit {
 		c.MaxBodyBytes = limit
 	}
+	if c.MaxInflightBodyBytes == 0 {
+		c.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = 10 * time.Second
 	}
@@ -204,6 +243,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: MaxSequenceAhead must be at least 1", ErrConfig)
 	case c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > 2*time.Second:
 		return fmt.Errorf("%w: CredentialCacheTTL must be within 0..2s", ErrConfig)
+	case c.MaxInflightBodyBytes <= c.MaxBodyBytes:
+		return fmt.Errorf("%w: MaxInflightBodyBytes must exceed MaxBodyBytes", ErrConfig)
 	case c.GroupCommitMaxItems < 1 || c.GroupCommitConcurrency < 1:
 		return fmt.Errorf("%w: group commit sizes must be positive", ErrConfig)
 	}
@@ -220,6 +261,7 @@ type Server struct {
 	peer    *limiter.Peer
 	sync    *limiter.Sync
 	creds   *credentialCache
+	bodies  *bodyBudget
 	// activeKeys lets the single route skip the key lookup (see keys.go).
 	activeKeys *activeKeys
 	commit     *committer
@@ -246,9 +288,11 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		_ = peer.Close(context.Background())
 		return nil, fmt.Errorf("server: sync limiter: %w", err)
 	}
+	bodies := &bodyBudget{max: cfg.MaxInflightBodyBytes}
 	s := &Server{
 		cfg: cfg, store: st, log: log,
-		metrics:    newMetrics(reg),
+		metrics:    newMetrics(reg, bodies),
+		bodies:     bodies,
 		peer:       peer,
 		sync:       syncL,
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
