@@ -48,9 +48,9 @@ type service struct {
 	stop func() // SIGTERM and wait; safe to call twice
 }
 
-// startService builds services/<name>, starts it with env added to the
-// environment and waits until readyURL answers 200.
-func startService(t *testing.T, name string, env []string, readyURL string) *service {
+// buildService compiles services/<name> of this repository and returns the
+// binary's path.
+func buildService(t *testing.T, name string) string {
 	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
@@ -62,6 +62,14 @@ func startService(t *testing.T, name string, env []string, readyURL string) *ser
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
+	return bin
+}
+
+// startService builds services/<name>, starts it with env added to the
+// environment and waits until readyURL answers 200.
+func startService(t *testing.T, name string, env []string, readyURL string) *service {
+	t.Helper()
+	bin := buildService(t, name)
 	s := &service{logs: &lockedBuffer{}}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
