@@ -147,6 +147,25 @@ func (s *MemoryStore) newBucket(tokens, interval uint64, now int64) *bucket {
 	return &bucket{capacity: tokens, interval: interval, level: tokens, last: now}
 }
 
+// current is key's bucket brought up to now; a key without one gets a full
+// bucket of the store's policy. sh.mu must be held.
+func (s *MemoryStore) current(sh *shard, key string, now int64) *bucket {
+	b, found := sh.buckets[key]
+	if !found {
+		b = s.newBucket(s.tokens, s.interval, now)
+		s.put(sh, key, b)
+		return b
+	}
+	b.refill(now)
+	return b
+}
+
+// put stores b as key's bucket. sh.mu must be held.
+func (s *MemoryStore) put(sh *shard, key string, b *bucket) {
+	sh.buckets[key] = b
+	sh.peak = max(sh.peak, len(sh.buckets))
+}
+
 // refill brings b up to now. Time that runs backwards (a test clock) adds
 // nothing and keeps b.last, so the same span is never counted twice.
 func (b *bucket) refill(now int64) {
@@ -219,14 +238,7 @@ func (s *MemoryStore) Take(_ context.Context, key string) (tokens, remaining, re
 	now := s.now()
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	b, found := sh.buckets[key]
-	if !found {
-		b = s.newBucket(s.tokens, s.interval, now)
-		sh.buckets[key] = b
-		sh.peak = max(sh.peak, len(sh.buckets))
-	} else {
-		b.refill(now)
-	}
+	b := s.current(sh, key, now)
 	if b.level > 0 {
 		b.level--
 		ok = true
@@ -270,8 +282,7 @@ func (s *MemoryStore) Set(_ context.Context, key string, tokens uint64, interval
 	b.pinned = true
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	sh.buckets[key] = b
-	sh.peak = max(sh.peak, len(sh.buckets))
+	s.put(sh, key, b)
 	sh.mu.Unlock()
 	return nil
 }
@@ -287,14 +298,7 @@ func (s *MemoryStore) Burst(_ context.Context, key string, tokens uint64) error 
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	b, found := sh.buckets[key]
-	if !found {
-		b = s.newBucket(s.tokens, s.interval, now)
-		sh.buckets[key] = b
-		sh.peak = max(sh.peak, len(sh.buckets))
-	} else {
-		b.refill(now)
-	}
+	b := s.current(sh, key, now)
 	if tokens == 0 {
 		return nil
 	}
