@@ -135,6 +135,12 @@ func call(t *testing.T, method, url, token string, body []byte) httpAnswer {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return roundTrip(t, req)
+}
+
+// roundTrip sends req and reads the whole answer.
+func roundTrip(t *testing.T, req *http.Request) httpAnswer {
+	t.Helper()
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
 		t.Fatal(err)

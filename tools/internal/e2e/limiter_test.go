@@ -3,13 +3,11 @@ package e2e
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -35,13 +33,7 @@ func peerRead(t *testing.T, base string, xff ...string) httpAnswer {
 	for _, v := range xff {
 		req.Header.Add("X-Forwarded-For", v)
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return httpAnswer{resp.StatusCode, string(b), resp.Header}
+	return roundTrip(t, req)
 }
 
 func wantStatus(t *testing.T, a httpAnswer, status int, what string) {
