@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -86,7 +88,10 @@ func TestLargePoliciesStart(t *testing.T) {
 // that names the setting and the entry.
 func TestBadTrustedProxiesStopTheBinary(t *testing.T) {
 	bin := buildService(t, "ingest-api")
-	cmd := exec.Command(bin)
+	// A binary that accepted the list would go on to the database and wait.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://nobody@127.0.0.1:1/none", "TRUSTED_PROXIES=10.0.0.0/8,10.1.2.3")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
