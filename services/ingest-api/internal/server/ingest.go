@@ -53,12 +53,7 @@ func (s *Server) admit(c echo.Context) (store.Identity, bool) {
 	ctx := c.Request().Context()
 	addr, _ := netip.ParseAddr(c.RealIP())
 	d, err := s.peer.Take(ctx, limiter.NewPeerKey(addr))
-	if err != nil {
-		s.unavailable(c, "peer_limiter", err)
-		return store.Identity{}, false
-	}
-	if !d.Allowed {
-		s.rateLimited(c, limiterPeer, d.RetryAfterSeconds())
+	if !s.spend(c, limiterPeer, d, err) {
 		return store.Identity{}, false
 	}
 	id, err := s.authenticate(ctx, c.Request().Header.Get(echo.HeaderAuthorization))

@@ -1,9 +1,9 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -182,8 +182,8 @@ func TestOutboxLimiter(t *testing.T) {
 	svc2 := o.issue(tenantA, "acct-1", "svc-2", store.RoleService)
 	o.enqueued(o.postOutbox(svc2, outboxBody("k-3", "")), http.StatusCreated, o.pub)
 	wantAnswer(t, o.post(o.service, o.sign(draft(1))), 403, "refused", "forbidden", -1)
-	if !strings.Contains(o.metricsText(), `envelopeworker_ingest_limiter_refusals_total policy="outbox"`) {
-		t.Fatal("no limiter_refusals_total{policy=outbox}")
+	if n := counterValue(t, o.reg, "envelopeworker_ingest_limiter_refusals_total", map[string]string{"policy": "outbox"}); n != 2 {
+		t.Fatalf("limiter_refusals_total{policy=outbox} = %v, want 2", n)
 	}
 }
 
@@ -207,5 +207,35 @@ func TestOutboxLimiterDefaultsToTheSyncPolicyInItsOwnBuckets(t *testing.T) {
 	wantRefusal(t, r, 429, "rate_limited")
 	if n := retryAfter(t, r); n != 3600 {
 		t.Fatalf("Retry-After %d, want 3600 (the sync policy, 1 an hour)", n)
+	}
+}
+
+// TestLimiterFailureIsUnavailable: a limiter that cannot answer fails
+// closed, 503 with nothing done, on each of the three policies.
+func TestLimiterFailureIsUnavailable(t *testing.T) {
+	o := newOutboxFixture(t)
+	ctx := context.Background()
+	if err := o.srv.outbox.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.postOutbox(o.service, outboxBody("k-1", "")), 503, "unavailable")
+	if n := o.count(`SELECT count(*) FROM outbound_envelopes`); n != 0 {
+		t.Fatalf("%d outbound envelopes stored past a failed limiter", n)
+	}
+	if err := o.srv.sync.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.post(o.device, o.sign(draft(1))), 503, "unavailable")
+	if err := o.srv.peer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.get(o.device, "/v1/streams/proj-1/device-7"), 503, "unavailable")
+	for _, op := range []string{"outbox_limiter", "sync_limiter", "peer_limiter"} {
+		if n := counterValue(t, o.reg, "envelopeworker_ingest_store_errors_total", map[string]string{"operation": op}); n != 1 {
+			t.Errorf("store_errors_total{operation=%q} = %v, want 1", op, n)
+		}
+	}
+	if n := len(o.audit()); n != 0 {
+		t.Fatalf("%d audit rows, want none", n)
 	}
 }
