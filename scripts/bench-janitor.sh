@@ -143,7 +143,7 @@ murl="http://127.0.0.1:$mport/metrics"
 # Limiters opened wide, as in bench-ingest.sh (see there why not more than 1.8M per hour).
 (
 	export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$port" METRICS_ADDR="127.0.0.1:$mport" \
-		SYNC_LIMIT_TOKENS=1800000 SYNC_LIMIT_INTERVAL=1h PEER_LIMIT_TOKENS=1800000 PEER_LIMIT_INTERVAL=1h \
+		SYNC_LIMIT_TOKENS=1000000 SYNC_LIMIT_INTERVAL=1s PEER_LIMIT_TOKENS=1000000 PEER_LIMIT_INTERVAL=1s \
 		LOG_LEVEL=warn
 	start_ingest "$pidfile" "$work/ingest-api.log"
 )

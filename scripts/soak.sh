@@ -163,7 +163,7 @@ log "starting ingest-api on $url (PAYLOAD_RETENTION=$retention)"
 (
 	export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$port" METRICS_ADDR="127.0.0.1:$mport" \
 		PAYLOAD_RETENTION="$retention" OUTBOUND_SIGNING_KEYS_FILE="$work/outbound-keys.json" LOG_LEVEL=warn \
-		SYNC_LIMIT_TOKENS=1800000 SYNC_LIMIT_INTERVAL=1h PEER_LIMIT_TOKENS=1800000 PEER_LIMIT_INTERVAL=1h
+		SYNC_LIMIT_TOKENS=1000000 SYNC_LIMIT_INTERVAL=1s PEER_LIMIT_TOKENS=1000000 PEER_LIMIT_INTERVAL=1s
 	start_ingest "$work/ingest-api.pid" "$work/ingest-api.log"
 )
 wait_ready "$url" "$work/ingest-api.pid" "$work/ingest-api.log" 60

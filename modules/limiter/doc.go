@@ -4,12 +4,16 @@
 //
 // # Policies
 //
-//   - Peer: keyed by the remote IP address (never the port), applied to every
-//     /v1/ request before any credential work, so an unauthenticated flood
-//     cannot turn into database load.
+//   - Peer: keyed by the client address (never the port): an IPv4 address,
+//     or an IPv6 /64, since one IPv6 subscriber is usually given a whole /64.
+//     Applied to every /v1/ request before any credential work, so an
+//     unauthenticated flood cannot turn into database load. The client
+//     address is the TCP peer's unless that peer is a trusted proxy
+//     (TrustedProxies.ClientAddr: X-Forwarded-For, walked from the right).
 //   - Sync: keyed by the verified tenant, account, device and a purpose
-//     (PurposeSyncIngest for inbound envelopes), applied after authentication
-//     and before route, key, signature or database work.
+//     (PurposeSyncIngest for inbound envelopes, PurposeOutboxEnqueue for
+//     outbox messages, each in a limiter of its own), applied after
+//     authentication and before route, key, signature or database work.
 //   - Delivery: keyed by a trusted tenant-scheduler key (DeliveryKey), used by
 //     the delivery worker.
 //
@@ -26,24 +30,38 @@
 // once the store is shared (see below). A Limiter is generic over its key type,
 // so a peer limiter cannot be asked about a SyncKey by mistake.
 //
+// # Token buckets
+//
+// A Policy is a token bucket: it holds at most Tokens and is refilled
+// continuously at Tokens/Interval. Every policy with 1 ≤ Tokens ≤ 1,000,000
+// and Interval ≥ 1 ms (contract §8.3) is enforced exactly and nothing inside
+// that range is refused; anything outside it is ErrInvalidPolicy. The
+// default store, MemoryStore, keeps each level in integer fixed point (whole
+// tokens plus a remainder in 1/Interval(ns) of a token), so 1,000,000 an
+// hour and 1 an hour are both exact, and time split into any number of
+// steps refills what the whole span would. It replaced go-limiter's
+// memorystore, which adds interval/tokens tokens per elapsed interval
+// (integer division) and so enforced less than configured once tokens²
+// exceeded the interval in nanoseconds (31,623 a second).
+//
+// Buckets live only while they matter: a sweeper drops a bucket once it has
+// refilled to capacity (a returning key gets a new, equally full one) and
+// rebuilds a shard's map once it has emptied out, so memory follows the set
+// of keys active within one interval, not every key ever seen.
+//
 // # Retry-After
 //
-// Decision.RetryAfter is derived from the store's reset time: the whole number
-// of seconds until the reset, rounded up, and never less than one second, so a
-// client that honours it is never refused again for the same window.
+// Decision.Reset is when the bucket next gains a whole token, and
+// Decision.RetryAfter the whole number of seconds until then, rounded up and
+// never less than one second, so a client that honours it is never refused
+// again for want of that token.
 //
 // # Per-replica semantics
 //
-// The default store is go-limiter's memorystore: buckets live in the process.
-// With N replicas behind a load balancer a key may be allowed up to N times
-// the configured rate, because each replica counts on its own; operators size
-// the per-replica rate as (intended rate / N), or accept the bound. The
-// memorystore also refills a whole bucket at each interval boundary (a fixed
-// window), so a client can spend up to twice the tokens across a boundary.
-// It adds interval/tokens tokens per elapsed interval, so it refills a bucket
-// in full only while tokens² ≤ the interval in nanoseconds (31,622 a second,
-// 1.8 million an hour); New refuses larger policies with ErrInvalidPolicy
-// instead of quietly enforcing a lower rate.
+// Buckets live in the process. With N replicas behind a load balancer a key
+// may be allowed up to N times the configured rate, because each replica
+// counts on its own; operators size the per-replica rate as (intended rate
+// / N), or accept the bound.
 //
 // A shared store (any limiter.Store, e.g. a Redis-backed one, passed with
 // WithStore) makes the limit global across replicas at the price of one

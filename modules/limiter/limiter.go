@@ -6,17 +6,21 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"net/netip"
 	"sync"
 	"time"
 
 	golimiter "github.com/sethvargo/go-limiter"
-	"github.com/sethvargo/go-limiter/memorystore"
 )
 
-// PurposeSyncIngest is the SyncKey purpose of inbound envelope posts.
-const PurposeSyncIngest = "sync-ingest"
+// SyncKey purposes: one bucket per verified device and purpose.
+const (
+	// PurposeSyncIngest is the purpose of inbound envelope posts.
+	PurposeSyncIngest = "sync-ingest"
+	// PurposeOutboxEnqueue is the purpose of outbox message requests
+	// (contract §8.4).
+	PurposeOutboxEnqueue = "outbox-enqueue"
+)
 
 // ErrInvalidPolicy reports a policy that cannot be enforced.
 var ErrInvalidPolicy = errors.New("limiter: invalid policy")
@@ -24,20 +28,30 @@ var ErrInvalidPolicy = errors.New("limiter: invalid policy")
 // ErrClosed is returned by Take after Close.
 var ErrClosed = errors.New("limiter: closed")
 
-// Policy is one rate: Tokens takes per Interval.
+// Policy is one rate: Tokens takes per Interval, as a token bucket of
+// Tokens refilled continuously at Tokens/Interval.
 type Policy struct {
 	Tokens   uint64
 	Interval time.Duration
 }
 
-// Validate refuses a policy go-limiter would silently replace by its own
-// defaults (zero tokens or interval become 1 per second there).
+// The range of policies enforced exactly (contract §8.3). Nothing inside it
+// is refused.
+const (
+	MinTokens   = 1
+	MaxTokens   = 1_000_000
+	MinInterval = time.Millisecond
+)
+
+// Validate refuses a policy outside the contract's range, rather than
+// enforce one nobody configured (go-limiter would turn zero into 1 per
+// second).
 func (p Policy) Validate() error {
-	if p.Tokens == 0 {
-		return fmt.Errorf("%w: tokens must be at least 1", ErrInvalidPolicy)
+	if p.Tokens < MinTokens || p.Tokens > MaxTokens {
+		return fmt.Errorf("%w: tokens must be between %d and %d, not %d", ErrInvalidPolicy, MinTokens, MaxTokens, p.Tokens)
 	}
-	if p.Interval <= 0 {
-		return fmt.Errorf("%w: interval must be positive", ErrInvalidPolicy)
+	if p.Interval < MinInterval {
+		return fmt.Errorf("%w: interval must be at least %s, not %s", ErrInvalidPolicy, MinInterval, p.Interval)
 	}
 	return nil
 }
@@ -49,17 +63,27 @@ type Key interface {
 	appendEncoding(dst []byte) []byte
 }
 
-// PeerKey identifies a remote peer by IP address. Build it with NewPeerKey.
+// PeerKey identifies a remote peer: an IPv4 host, or an IPv6 /64. Build it
+// with NewPeerKey.
 type PeerKey struct{ addr netip.Addr }
 
-// NewPeerKey keys by address only: an IPv4-mapped IPv6 address counts as its
-// IPv4 form and a zone is dropped, so one host cannot look like two. An
-// invalid address (e.g. a Unix-socket peer) gets one shared bucket.
+// NewPeerKey keys IPv4 clients by address and IPv6 clients by their /64
+// (contract §8.3): one IPv6 subscriber is usually given a whole /64, so
+// keying by full address would hand it 2^64 buckets. An IPv4-mapped IPv6
+// address counts as its IPv4 form and a zone is dropped, so one host cannot
+// look like two. An invalid address (e.g. a Unix-socket peer) gets one
+// shared bucket.
 func NewPeerKey(addr netip.Addr) PeerKey {
-	return PeerKey{addr: addr.Unmap().WithZone("")}
+	addr = addr.Unmap().WithZone("")
+	if addr.Is6() {
+		p, _ := addr.Prefix(64) // cannot fail for a 128-bit address
+		addr = p.Addr()
+	}
+	return PeerKey{addr: addr}
 }
 
-// Addr returns the normalised address.
+// Addr returns the keyed address: the IPv4 address, or the first address
+// of the IPv6 /64.
 func (k PeerKey) Addr() netip.Addr { return k.addr }
 
 func (k PeerKey) appendEncoding(dst []byte) []byte {
@@ -113,10 +137,12 @@ type Decision struct {
 	Allowed   bool
 	Limit     uint64
 	Remaining uint64
-	// Reset is when the bucket refills.
+	// Reset is when the bucket next gains a token (now, if it is full): on a
+	// refusal, the earliest time a retry can succeed.
 	Reset time.Time
-	// RetryAfter is whole seconds until Reset, at least one second. It is set
-	// on refusals and successes alike; callers send it only on refusals.
+	// RetryAfter is whole seconds until Reset, rounded up, at least one
+	// second. It is set on refusals and successes alike; callers send it
+	// only on refusals.
 	RetryAfter time.Duration
 }
 
@@ -145,14 +171,16 @@ type options struct {
 	now   func() time.Time
 }
 
-// WithStore replaces the default memorystore. The store must already be
-// configured with the policy's tokens and interval; the Limiter closes it.
+// WithStore replaces the default MemoryStore (e.g. by a store shared
+// between replicas). The store must already be configured with the
+// policy's tokens and interval; the Limiter closes it.
 func WithStore(s golimiter.Store) Option {
 	return func(o *options) { o.store = s }
 }
 
-// WithClock sets the clock used to turn the reset time into RetryAfter. It
-// must agree with the store's clock (the memorystore reads the wall clock).
+// WithClock sets the clock of the default store and the one used to turn
+// its reset time into RetryAfter (tests). With WithStore it must agree with
+// that store's clock.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.now = now }
 }
@@ -167,7 +195,7 @@ type Limiter[K Key] struct {
 	closeErr  error
 }
 
-// New builds a limiter for p, on an in-memory store unless WithStore is given.
+// New builds a limiter for p, on a MemoryStore unless WithStore is given.
 func New[K Key](p Policy, opts ...Option) (*Limiter[K], error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -177,25 +205,9 @@ func New[K Key](p Policy, opts ...Option) (*Limiter[K], error) {
 		opt(&o)
 	}
 	if o.store == nil {
-		// go-limiter's memorystore refills interval/tokens tokens per elapsed
-		// interval (capped at tokens), so a policy with tokens² above the
-		// interval in nanoseconds silently refills less than configured (1e8
-		// per second lets about 10 a second through). Refuse it rather than
-		// enforce a rate nobody asked for.
-		if float64(p.Tokens)*float64(p.Tokens) > float64(p.Interval.Nanoseconds()) {
-			return nil, fmt.Errorf("%w: %d tokens per %s is more than the in-memory store can refill (at most √(interval in ns) tokens: %d per %s)",
-				ErrInvalidPolicy, p.Tokens, p.Interval, uint64(math.Sqrt(float64(p.Interval.Nanoseconds()))), p.Interval)
-		}
-		s, err := memorystore.New(&memorystore.Config{
-			Tokens:   p.Tokens,
-			Interval: p.Interval,
-			// Buckets idle for a few intervals are full again anyway; sweeping
-			// them bounds memory under many short-lived peers.
-			SweepInterval: max(p.Interval*4, time.Minute),
-			SweepMinTTL:   max(p.Interval*2, time.Minute),
-		})
+		s, err := NewMemoryStore(p, WithStoreClock(o.now))
 		if err != nil {
-			return nil, fmt.Errorf("limiter: memorystore: %w", err)
+			return nil, err
 		}
 		o.store = s
 	}
@@ -226,7 +238,7 @@ func (l *Limiter[K]) Take(ctx context.Context, k K) (Decision, error) {
 	}, nil
 }
 
-// Close releases the store (and stops the memorystore's sweeper goroutine).
+// Close releases the store (and stops the MemoryStore's sweeper goroutine).
 func (l *Limiter[K]) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		if err := l.store.Close(ctx); err != nil {

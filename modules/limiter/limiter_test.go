@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -105,8 +106,8 @@ func TestRetryAfterRounding(t *testing.T) {
 
 func TestRetryAfterUsesClock(t *testing.T) {
 	ctx := context.Background()
-	var clock time.Time
-	l, err := New[DeliveryKey](Policy{Tokens: 1, Interval: time.Hour}, WithClock(func() time.Time { return clock }))
+	clock := newFakeClock()
+	l, err := New[DeliveryKey](Policy{Tokens: 1, Interval: time.Hour}, WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,10 @@ func TestRetryAfterUsesClock(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("take = %+v, %v", d, err)
 	}
-	clock = d.Reset.Add(-1500 * time.Millisecond)
+	if want := clock.Now().Add(time.Hour); !d.Reset.Equal(want) {
+		t.Fatalf("Reset %v, want %v (the next token)", d.Reset, want)
+	}
+	clock.Advance(time.Hour - 1500*time.Millisecond)
 	d, err = l.Take(ctx, DeliveryKey{Tenant: "t"})
 	if err != nil || d.Allowed {
 		t.Fatalf("second take = %+v, %v; want refusal", d, err)
@@ -224,7 +228,11 @@ func TestPoliciesDoNotShareBuckets(t *testing.T) {
 }
 
 func TestInvalidPolicy(t *testing.T) {
-	for _, p := range []Policy{{}, {Tokens: 0, Interval: time.Second}, {Tokens: 1}, {Tokens: 1, Interval: -time.Second}} {
+	for _, p := range []Policy{
+		{}, {Tokens: 0, Interval: time.Second}, {Tokens: 1}, {Tokens: 1, Interval: -time.Second},
+		{Tokens: MaxTokens + 1, Interval: time.Hour}, {Tokens: math.MaxUint64, Interval: time.Hour},
+		{Tokens: 1, Interval: time.Millisecond - 1}, {Tokens: 1, Interval: time.Nanosecond},
+	} {
 		if _, err := New[SyncKey](p); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("New(%+v) err = %v, want ErrInvalidPolicy", p, err)
 		}
@@ -251,7 +259,8 @@ func TestTakeAfterClose(t *testing.T) {
 
 func BenchmarkTakeParallel(b *testing.B) {
 	ctx := context.Background()
-	l, err := New[SyncKey](Policy{Tokens: 1 << 40, Interval: time.Hour})
+	// Far more tokens than the benchmark spends: every take is allowed.
+	l, err := New[SyncKey](Policy{Tokens: MaxTokens, Interval: time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -267,21 +276,82 @@ func BenchmarkTakeParallel(b *testing.B) {
 	})
 }
 
-func TestNewRefusesPoliciesTheMemoryStoreCannotRefill(t *testing.T) {
-	accept := func(p Policy) {
-		t.Helper()
+func TestEveryPolicyInTheContractRangeIsAccepted(t *testing.T) {
+	for _, p := range []Policy{
+		{Tokens: 1, Interval: time.Millisecond},
+		{Tokens: 31623, Interval: time.Second},
+		{Tokens: 100_000, Interval: time.Second},
+		{Tokens: MaxTokens, Interval: time.Millisecond},
+		{Tokens: MaxTokens, Interval: time.Second},
+		{Tokens: MaxTokens, Interval: time.Hour},
+		{Tokens: 1, Interval: time.Duration(math.MaxInt64)},
+	} {
 		l, err := New[PeerKey](p)
 		if err != nil {
 			t.Fatalf("%+v: %v", p, err)
+		}
+		if d, err := l.Take(context.Background(), NewPeerKey(netip.MustParseAddr("192.0.2.1"))); err != nil || !d.Allowed || d.Remaining != p.Tokens-1 {
+			t.Errorf("%+v: first take = %+v, %v", p, d, err)
 		}
 		if err := l.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 31,622² < 1e9 ≤ 31,623²: the largest per-second budget the in-memory store refills in full.
-	accept(Policy{Tokens: 31622, Interval: time.Second})
-	accept(Policy{Tokens: 1_000_000, Interval: 1000 * time.Second})
-	if _, err := New[PeerKey](Policy{Tokens: 31623, Interval: time.Second}); !errors.Is(err, ErrInvalidPolicy) {
-		t.Fatalf("31623/s: err = %v, want ErrInvalidPolicy", err)
+}
+
+func TestPeerKeyIPv6By64IPv4ByAddress(t *testing.T) {
+	same := func(a, b string) {
+		t.Helper()
+		if NewPeerKey(netip.MustParseAddr(a)) != NewPeerKey(netip.MustParseAddr(b)) {
+			t.Errorf("%s and %s keyed apart, want one bucket", a, b)
+		}
+	}
+	apart := func(a, b string) {
+		t.Helper()
+		if NewPeerKey(netip.MustParseAddr(a)) == NewPeerKey(netip.MustParseAddr(b)) {
+			t.Errorf("%s and %s share a key, want two buckets", a, b)
+		}
+	}
+	same("2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:ffff")
+	same("2001:db8:1:2:aaaa::", "2001:db8:1:2::")
+	same("fe80::1%eth0", "fe80::2")
+	apart("2001:db8:1:2::1", "2001:db8:1:3::1")
+	apart("2001:db8:1:2::1", "2001:db9:1:2::1")
+	// IPv4 by address, the mapped form as IPv4, never by /64 of ::ffff:0:0/96.
+	same("::ffff:192.0.2.7", "192.0.2.7")
+	apart("192.0.2.7", "192.0.2.8")
+	apart("::ffff:192.0.2.7", "::ffff:192.0.2.8")
+	// An IPv4 host and the IPv6 /64 that would hold its bits are not one key.
+	apart("0.0.0.0", "::")
+	if got := NewPeerKey(netip.MustParseAddr("2001:db8:1:2:3:4:5:6")).Addr(); got != netip.MustParseAddr("2001:db8:1:2::") {
+		t.Errorf("Addr() = %v, want the /64's first address", got)
+	}
+
+	ctx := context.Background()
+	l, err := New[PeerKey](Policy{Tokens: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	take := func(a string) bool {
+		d, err := l.Take(ctx, NewPeerKey(netip.MustParseAddr(a)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	if !take("2001:db8:0:1::1") || take("2001:db8:0:1::beef") || !take("2001:db8:0:2::1") {
+		t.Fatal("a /64 is not one bucket, or two /64s share one")
+	}
+}
+
+func TestInvalidPolicyMessage(t *testing.T) {
+	_, err := New[SyncKey](Policy{Tokens: 1_000_001, Interval: time.Second})
+	if err == nil || err.Error() != "limiter: invalid policy: tokens must be between 1 and 1000000, not 1000001" {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = New[SyncKey](Policy{Tokens: 1, Interval: 500 * time.Microsecond})
+	if err == nil || err.Error() != "limiter: invalid policy: interval must be at least 1ms, not 500µs" {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -48,9 +48,9 @@ type service struct {
 	stop func() // SIGTERM and wait; safe to call twice
 }
 
-// startService builds services/<name>, starts it with env added to the
-// environment and waits until readyURL answers 200.
-func startService(t *testing.T, name string, env []string, readyURL string) *service {
+// buildService compiles services/<name> of this repository and returns the
+// binary's path.
+func buildService(t *testing.T, name string) string {
 	t.Helper()
 	return launchService(t, name, env, readyURL, http.StatusOK)
 }
@@ -68,6 +68,14 @@ func launchService(t *testing.T, name string, env []string, readyURL string, wan
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
+	return bin
+}
+
+// startService builds services/<name>, starts it with env added to the
+// environment and waits until readyURL answers 200.
+func startService(t *testing.T, name string, env []string, readyURL string) *service {
+	t.Helper()
+	bin := buildService(t, name)
 	s := &service{logs: &lockedBuffer{}}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
@@ -133,6 +141,12 @@ func call(t *testing.T, method, url, token string, body []byte) httpAnswer {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return roundTrip(t, req)
+}
+
+// roundTrip sends req and reads the whole answer.
+func roundTrip(t *testing.T, req *http.Request) httpAnswer {
+	t.Helper()
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -196,7 +196,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	env := []string{
 		"DATABASE_URL=" + c.DatabaseURL, "METRICS_ADDR=127.0.0.1:0", "WEBHOOK_SECRETS_FILE=" + secretsFile,
 		"DELIVERY_ALLOW_INSECURE_LOOPBACK=true", "DELIVERY_CONCURRENCY=" + strconv.Itoa(c.Concurrency),
-		"DELIVERY_LIMIT_TOKENS=1800000", "DELIVERY_LIMIT_INTERVAL=1h", "DELIVERY_POLL_INTERVAL=10ms",
+		"DELIVERY_LIMIT_TOKENS=1000000", "DELIVERY_LIMIT_INTERVAL=1s", "DELIVERY_POLL_INTERVAL=10ms",
 		"DB_MAX_OPEN_CONNS=8", "LOG_LEVEL=warn", "PATH=" + os.Getenv("PATH"),
 	}
 	fmt.Fprintf(logw, "starting %d worker(s)\n", c.Workers)

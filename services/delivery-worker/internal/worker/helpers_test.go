@@ -184,7 +184,7 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	})
 	t.Cleanup(snd.Close)
 	if o.limit.Tokens == 0 {
-		o.limit = limiter.Policy{Tokens: 30000, Interval: time.Second} // ample, and within what the memorystore refills
+		o.limit = limiter.Policy{Tokens: 30000, Interval: time.Second} // ample
 	}
 	lim, err := limiter.New[limiter.DeliveryKey](o.limit)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/server"
 )
@@ -38,14 +39,18 @@ type Config struct {
 	SyncLimitInterval       time.Duration
 	PeerLimitTokens         uint64
 	PeerLimitInterval       time.Duration
-	ShutdownGrace           time.Duration
-	StoreTimeout            time.Duration
-	DBMaxOpenConns          int
-	CredentialCacheTTL      time.Duration
-	GroupCommitWindow       time.Duration
-	GroupCommitMaxItems     int
-	GroupCommitConcurrency  int
-	LogLevel                string
+	// OutboxLimit* are the sync limiter's values unless set.
+	OutboxLimitTokens      uint64
+	OutboxLimitInterval    time.Duration
+	TrustedProxies         limiter.TrustedProxies
+	ShutdownGrace          time.Duration
+	StoreTimeout           time.Duration
+	DBMaxOpenConns         int
+	CredentialCacheTTL     time.Duration
+	GroupCommitWindow      time.Duration
+	GroupCommitMaxItems    int
+	GroupCommitConcurrency int
+	LogLevel               string
 }
 
 // setting is one variable: its name, help and how to store it.
@@ -83,6 +88,8 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		LogLevel:               "info",
 		OutboundKeysReload:     5 * time.Second,
 	}
+	outboxTokens := &inherited{Value: (*uint64Value)(&c.OutboxLimitTokens)}
+	outboxInterval := &inherited{Value: (*durationValue)(&c.OutboxLimitInterval)}
 	settings := []setting{
 		{"DATABASE_URL", "PostgreSQL DSN (required; never printed)", (*secretValue)(&c.DatabaseURL)},
 		{"INGEST_ADDR", "API listen address", (*stringValue)(&c.IngestAddr)},
@@ -95,8 +102,11 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"MAX_SEQUENCE_AHEAD", "largest accepted distance of a sequence past the stream cursor", (*int64Value)(&c.MaxSequenceAhead)},
 		{"SYNC_LIMIT_TOKENS", "envelopes per SYNC_LIMIT_INTERVAL per verified device", (*uint64Value)(&c.SyncLimitTokens)},
 		{"SYNC_LIMIT_INTERVAL", "sync limiter interval (Go duration)", (*durationValue)(&c.SyncLimitInterval)},
-		{"PEER_LIMIT_TOKENS", "/v1/ requests per PEER_LIMIT_INTERVAL per remote IP address", (*uint64Value)(&c.PeerLimitTokens)},
+		{"PEER_LIMIT_TOKENS", "/v1/ requests per PEER_LIMIT_INTERVAL per client address (IPv4 address or IPv6 /64; see TRUSTED_PROXIES)", (*uint64Value)(&c.PeerLimitTokens)},
 		{"PEER_LIMIT_INTERVAL", "peer limiter interval (Go duration)", (*durationValue)(&c.PeerLimitInterval)},
+		{"OUTBOX_LIMIT_TOKENS", "outbox message requests per OUTBOX_LIMIT_INTERVAL per verified tenant, account and device (default: SYNC_LIMIT_TOKENS)", outboxTokens},
+		{"OUTBOX_LIMIT_INTERVAL", "outbox limiter interval (Go duration; default: SYNC_LIMIT_INTERVAL)", outboxInterval},
+		{"TRUSTED_PROXIES", "comma-separated CIDR prefixes of the proxies whose X-Forwarded-For names the client (default none: the TCP peer is the client)", (*proxiesValue)(&c.TrustedProxies)},
 		{"SHUTDOWN_GRACE", "time allowed to finish in-flight requests after SIGTERM", (*durationValue)(&c.ShutdownGrace)},
 		{"STORE_TIMEOUT", "deadline of each database operation; past it the answer is 503 unavailable", (*durationValue)(&c.StoreTimeout)},
 		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
@@ -134,6 +144,14 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
 	}
+	// Unset, the outbox limiter follows the sync limiter's settings as they
+	// were given, so raising SYNC_LIMIT_* raises both (contract §8.4).
+	if !outboxTokens.set {
+		c.OutboxLimitTokens = c.SyncLimitTokens
+	}
+	if !outboxInterval.set {
+		c.OutboxLimitInterval = c.SyncLimitInterval
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -158,14 +176,6 @@ func (c Config) Validate() error {
 		return bad("REPLAY_WINDOW", "must be positive")
 	case c.MaxSequenceAhead < 1:
 		return bad("MAX_SEQUENCE_AHEAD", "must be at least 1")
-	case c.SyncLimitTokens < 1:
-		return bad("SYNC_LIMIT_TOKENS", "must be at least 1")
-	case c.SyncLimitInterval <= 0:
-		return bad("SYNC_LIMIT_INTERVAL", "must be positive")
-	case c.PeerLimitTokens < 1:
-		return bad("PEER_LIMIT_TOKENS", "must be at least 1")
-	case c.PeerLimitInterval <= 0:
-		return bad("PEER_LIMIT_INTERVAL", "must be positive")
 	case c.OutboundKeysReload <= 0:
 		return bad("OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "must be positive")
 	case c.ShutdownGrace <= 0:
@@ -182,6 +192,18 @@ func (c Config) Validate() error {
 		return bad("GROUP_COMMIT_MAX_ITEMS", "must be between 1 and 1000")
 	case c.GroupCommitConcurrency < 1 || c.GroupCommitConcurrency > 64:
 		return bad("GROUP_COMMIT_CONCURRENCY", "must be between 1 and 64")
+	}
+	for _, p := range []struct {
+		names  string
+		policy limiter.Policy
+	}{
+		{"SYNC_LIMIT_TOKENS/SYNC_LIMIT_INTERVAL", limiter.Policy{Tokens: c.SyncLimitTokens, Interval: c.SyncLimitInterval}},
+		{"PEER_LIMIT_TOKENS/PEER_LIMIT_INTERVAL", limiter.Policy{Tokens: c.PeerLimitTokens, Interval: c.PeerLimitInterval}},
+		{"OUTBOX_LIMIT_TOKENS/OUTBOX_LIMIT_INTERVAL", limiter.Policy{Tokens: c.OutboxLimitTokens, Interval: c.OutboxLimitInterval}},
+	} {
+		if err := p.policy.Validate(); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrInvalid, p.names, err)
+		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -203,6 +225,35 @@ func checkSigningKeysFile(path string) error {
 	if _, err := outboundkeys.OpenFile(path); err != nil {
 		return fmt.Errorf("%w: OUTBOUND_SIGNING_KEYS_FILE: %w", ErrInvalid, err)
 	}
+	return nil
+}
+
+// inherited records whether a setting was given, for settings whose
+// default is another setting's value. Unset, it prints no default of its
+// own (the help names the setting it follows).
+type inherited struct {
+	flag.Value
+	set bool
+}
+
+func (v *inherited) Set(s string) error { v.set = true; return v.Value.Set(s) }
+func (v *inherited) String() string {
+	if v == nil || v.Value == nil || !v.set {
+		return ""
+	}
+	return v.Value.String()
+}
+
+// proxiesValue is TRUSTED_PROXIES; the rules are the limiter's.
+type proxiesValue limiter.TrustedProxies
+
+func (v *proxiesValue) String() string { return limiter.TrustedProxies(*v).String() }
+func (v *proxiesValue) Set(s string) error {
+	t, err := limiter.ParseTrustedProxies(s)
+	if err != nil {
+		return err
+	}
+	*v = proxiesValue(t)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -26,9 +27,9 @@ func TestDefaults(t *testing.T) {
 		SyncLimitTokens: 100, SyncLimitInterval: time.Second, PeerLimitTokens: 1000, PeerLimitInterval: time.Second,
 		ShutdownGrace: 25 * time.Second, StoreTimeout: 10 * time.Second, DBMaxOpenConns: 32,
 		CredentialCacheTTL: time.Second, GroupCommitMaxItems: 100, GroupCommitConcurrency: 8, LogLevel: "info",
-		OutboundKeysReload: 5 * time.Second, MaxInflightBodyBytes: 64 << 20,
+		OutboundKeysReload: 5 * time.Second, MaxInflightBodyBytes: 64 << 20, OutboxLimitTokens: 100, OutboxLimitInterval: time.Second,
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
 	}
 }
@@ -68,7 +69,7 @@ func TestHelpListsEveryVariableAndHidesDSN(t *testing.T) {
 	for _, name := range []string{"DATABASE_URL", "INGEST_ADDR", "METRICS_ADDR", "OUTBOUND_SIGNING_KEYS_FILE",
 		"PAYLOAD_RETENTION", "SYNC_LIMIT_TOKENS", "SYNC_LIMIT_INTERVAL", "PEER_LIMIT_TOKENS", "PEER_LIMIT_INTERVAL",
 		"REPLAY_WINDOW", "MAX_SEQUENCE_AHEAD", "SHUTDOWN_GRACE", "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL",
-		"INGEST_MAX_INFLIGHT_BODY_BYTES"} {
+		"INGEST_MAX_INFLIGHT_BODY_BYTES", "OUTBOX_LIMIT_TOKENS", "OUTBOX_LIMIT_INTERVAL", "TRUSTED_PROXIES"} {
 		flagName := "-" + strings.ReplaceAll(strings.ToLower(name), "_", "-")
 		if !strings.Contains(text, "env "+name+")") || !strings.Contains(text, flagName) {
 			t.Errorf("-h does not document %s / %s", name, flagName)
@@ -100,6 +101,13 @@ func TestRefusals(t *testing.T) {
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},
 		{"unknown flag", nil, []string{"--nope"}, "nope"},
 		{"stray arg", nil, []string{"extra"}, "unexpected argument"},
+		{"tokens above the range", map[string]string{"PEER_LIMIT_TOKENS": "1000001"}, nil, "PEER_LIMIT_TOKENS/PEER_LIMIT_INTERVAL: limiter: invalid policy: tokens must be between 1 and 1000000, not 1000001"},
+		{"interval below 1ms", map[string]string{"SYNC_LIMIT_INTERVAL": "999us"}, nil, "SYNC_LIMIT_TOKENS/SYNC_LIMIT_INTERVAL: limiter: invalid policy: interval must be at least 1ms"},
+		{"outbox tokens", map[string]string{"OUTBOX_LIMIT_TOKENS": "0"}, nil, "OUTBOX_LIMIT_TOKENS/OUTBOX_LIMIT_INTERVAL: limiter: invalid policy: tokens must be between 1 and 1000000, not 0"},
+		{"outbox interval", nil, []string{"--outbox-limit-interval", "0s"}, "OUTBOX_LIMIT_TOKENS/OUTBOX_LIMIT_INTERVAL"},
+		{"outbox inherits a bad sync interval", map[string]string{"SYNC_LIMIT_INTERVAL": "1us", "SYNC_LIMIT_TOKENS": "5"}, nil, "SYNC_LIMIT_TOKENS/SYNC_LIMIT_INTERVAL"},
+		{"trusted proxy without prefix length", map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,127.0.0.1"}, nil, `TRUSTED_PROXIES: limiter: invalid trusted proxies: "127.0.0.1" is not a CIDR prefix`},
+		{"trusted proxy flag", nil, []string{"--trusted-proxies", "10.0.0.0/40"}, "trusted-proxies"},
 		{"keys reload", map[string]string{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL": "0s"}, nil, "OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL"},
 		{"missing keys file", map[string]string{"OUTBOUND_SIGNING_KEYS_FILE": filepath.Join(t.TempDir(), "absent.json")}, nil, "OUTBOUND_SIGNING_KEYS_FILE"},
 	}
@@ -148,5 +156,68 @@ func TestSigningKeysFile(t *testing.T) {
 		if strings.Contains(err.Error(), "secret-seed-material") {
 			t.Fatal("error message quotes the secret file")
 		}
+	}
+}
+
+func TestLimiterPoliciesInTheContractRangeStart(t *testing.T) {
+	for _, tokens := range []string{"1", "31623", "100000", "1000000"} {
+		for _, interval := range []string{"1ms", "1s", "1h", "720h"} {
+			c, err := Load(nil, env(map[string]string{"DATABASE_URL": "postgres://x",
+				"PEER_LIMIT_TOKENS": tokens, "PEER_LIMIT_INTERVAL": interval,
+				"SYNC_LIMIT_TOKENS": tokens, "SYNC_LIMIT_INTERVAL": interval}), &bytes.Buffer{})
+			if err != nil {
+				t.Fatalf("%s per %s: %v", tokens, interval, err)
+			}
+			if c.OutboxLimitTokens != c.SyncLimitTokens {
+				t.Fatalf("outbox tokens %d, want the sync limiter's %d", c.OutboxLimitTokens, c.SyncLimitTokens)
+			}
+		}
+	}
+}
+
+func TestOutboxLimitFollowsSyncUnlessSet(t *testing.T) {
+	load := func(e map[string]string, args ...string) Config {
+		t.Helper()
+		e["DATABASE_URL"] = "postgres://x"
+		c, err := Load(args, env(e), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := load(map[string]string{"SYNC_LIMIT_TOKENS": "7", "SYNC_LIMIT_INTERVAL": "2m"})
+	if c.OutboxLimitTokens != 7 || c.OutboxLimitInterval != 2*time.Minute {
+		t.Errorf("unset: outbox %d per %v, want the sync limiter's 7 per 2m", c.OutboxLimitTokens, c.OutboxLimitInterval)
+	}
+	c = load(map[string]string{"SYNC_LIMIT_TOKENS": "7", "SYNC_LIMIT_INTERVAL": "2m", "OUTBOX_LIMIT_TOKENS": "3"})
+	if c.OutboxLimitTokens != 3 || c.OutboxLimitInterval != 2*time.Minute {
+		t.Errorf("tokens set: outbox %d per %v, want 3 per 2m", c.OutboxLimitTokens, c.OutboxLimitInterval)
+	}
+	c = load(map[string]string{"SYNC_LIMIT_TOKENS": "7"}, "--outbox-limit-interval", "1h", "--sync-limit-tokens", "8")
+	if c.SyncLimitTokens != 8 || c.OutboxLimitTokens != 8 || c.OutboxLimitInterval != time.Hour {
+		t.Errorf("flags: outbox %d per %v (sync %d), want 8 per 1h", c.OutboxLimitTokens, c.OutboxLimitInterval, c.SyncLimitTokens)
+	}
+	var out bytes.Buffer
+	if _, err := Load([]string{"-h"}, env(map[string]string{}), &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(out.String(), "\n") {
+		if strings.Contains(line, "panic") || (strings.Contains(line, "OUTBOX_LIMIT") && strings.Contains(line, "(default ")) {
+			t.Errorf("-h: %q (an inherited setting has no default of its own)", line)
+		}
+	}
+}
+
+func TestTrustedProxies(t *testing.T) {
+	c, err := Load([]string{"--trusted-proxies", "10.0.0.0/8, fd00::/8"}, env(map[string]string{"DATABASE_URL": "postgres://x", "TRUSTED_PROXIES": "192.0.2.0/24"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.TrustedProxies.String(); got != "10.0.0.0/8,fd00::/8" {
+		t.Fatalf("TrustedProxies = %q, want the flag's list", got)
+	}
+	c, err = Load(nil, env(map[string]string{"DATABASE_URL": "postgres://x"}), &bytes.Buffer{})
+	if err != nil || !c.TrustedProxies.Empty() {
+		t.Fatalf("default TrustedProxies = %q, %v; want none", c.TrustedProxies.String(), err)
 	}
 }

@@ -66,8 +66,8 @@ func FuzzHTTP(f *testing.F) {
 	// every line in memory, which a ten-minute run would fill).
 	cfg := testConfig()
 	cfg.CredentialCacheTTL = 2 * time.Second
-	cfg.SyncLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
-	cfg.PeerLimit = limiter.Policy{Tokens: 1_800_000, Interval: time.Hour}
+	cfg.SyncLimit = limiter.Policy{Tokens: limiter.MaxTokens, Interval: time.Second}
+	cfg.PeerLimit = limiter.Policy{Tokens: limiter.MaxTokens, Interval: time.Second}
 	srv, err := New(cfg, fx.st, slog.New(slog.DiscardHandler), NewRegistry())
 	if err != nil {
 		f.Fatal(err)

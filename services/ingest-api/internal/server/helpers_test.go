@@ -118,8 +118,8 @@ type fixture struct {
 func testConfig() Config {
 	return Config{
 		PayloadRetention:   100 * 365 * 24 * time.Hour,
-		SyncLimit:          limiter.Policy{Tokens: 1 << 20, Interval: time.Hour},
-		PeerLimit:          limiter.Policy{Tokens: 1 << 20, Interval: time.Hour},
+		SyncLimit:          limiter.Policy{Tokens: limiter.MaxTokens, Interval: time.Hour},
+		PeerLimit:          limiter.Policy{Tokens: limiter.MaxTokens, Interval: time.Hour},
 		CredentialCacheTTL: 0,
 		Now:                func() time.Time { return testNow },
 	}

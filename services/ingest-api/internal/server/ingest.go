@@ -20,12 +20,7 @@ func (s *Server) admit(c echo.Context) (store.Identity, bool) {
 	ctx := c.Request().Context()
 	addr, _ := netip.ParseAddr(c.RealIP())
 	d, err := s.peer.Take(ctx, limiter.NewPeerKey(addr))
-	if err != nil {
-		s.unavailable(c, "peer_limiter", err)
-		return store.Identity{}, false
-	}
-	if !d.Allowed {
-		s.rateLimited(c, "peer", d.RetryAfterSeconds())
+	if !s.spend(c, limiterPeer, d, err) {
 		return store.Identity{}, false
 	}
 	id, err := s.authenticate(ctx, c.Request().Header.Get(echo.HeaderAuthorization))
@@ -43,9 +38,32 @@ func (s *Server) admit(c echo.Context) (store.Identity, bool) {
 
 // takeSync spends one sync-limiter token of the identity (step 1b).
 func (s *Server) takeSync(ctx context.Context, id store.Identity) (limiter.Decision, error) {
-	return s.sync.Take(ctx, limiter.SyncKey{
-		Tenant: id.TenantID, Account: id.AccountID, Device: id.DeviceID, Purpose: limiter.PurposeSyncIngest,
-	})
+	return s.sync.Take(ctx, identityKey(id, limiter.PurposeSyncIngest))
+}
+
+// takeOutbox spends one outbox-limiter token of the identity: one per
+// message request (contract §8.4), so a batch route calls it per message.
+func (s *Server) takeOutbox(ctx context.Context, id store.Identity) (limiter.Decision, error) {
+	return s.outbox.Take(ctx, identityKey(id, limiter.PurposeOutboxEnqueue))
+}
+
+func identityKey(id store.Identity, purpose string) limiter.SyncKey {
+	return limiter.SyncKey{Tenant: id.TenantID, Account: id.AccountID, Device: id.DeviceID, Purpose: purpose}
+}
+
+// spend answers the request when a token could not be had: 503 when the
+// limiter failed (fail closed), 429 with Retry-After when it refused. ok is
+// false when the request has been answered.
+func (s *Server) spend(c echo.Context, policy string, d limiter.Decision, err error) bool {
+	if err != nil {
+		s.unavailable(c, policy+"_limiter", err)
+		return false
+	}
+	if !d.Allowed {
+		s.rateLimited(c, policy, d.RetryAfterSeconds())
+		return false
+	}
+	return true
 }
 
 func actorOf(id store.Identity, correlationID string) store.Actor {
@@ -236,12 +254,7 @@ func (s *Server) admitPost(c echo.Context) ([]byte, store.Identity, bool) {
 		return nil, store.Identity{}, false
 	}
 	d, err := s.takeSync(c.Request().Context(), id)
-	if err != nil {
-		s.unavailable(c, "sync_limiter", err)
-		return nil, store.Identity{}, false
-	}
-	if !d.Allowed {
-		s.rateLimited(c, "sync", d.RetryAfterSeconds())
+	if !s.spend(c, limiterSync, d, err) {
 		return nil, store.Identity{}, false
 	}
 	return body, id, true
@@ -327,10 +340,10 @@ func (s *Server) postBatch(c echo.Context) error {
 		if i > 0 {
 			d, err := s.takeSync(ctx, id)
 			if err != nil {
-				return s.unavailable(c, "sync_limiter", err)
+				return s.unavailable(c, limiterSync+"_limiter", err)
 			}
 			if !d.Allowed {
-				s.metrics.limiterRefused.WithLabelValues("sync").Inc()
+				s.metrics.limiterRefused.WithLabelValues(limiterSync).Inc()
 				processed = i
 				break
 			}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"testing"
@@ -111,5 +112,130 @@ func TestBatchLimiter(t *testing.T) {
 	wantAnswer(t, r, 429, "refused", "rate_limited", -1)
 	if n := len(f.audit()); n != 3 {
 		t.Fatalf("%d audit rows after whole-request 429s, want 3", n)
+	}
+}
+
+func TestPeerLimiterBelievesOnlyTrustedProxies(t *testing.T) {
+	proxies, err := limiter.ParseTrustedProxies("10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *Config) {
+		c.PeerLimit = limiter.Policy{Tokens: 1, Interval: time.Hour}
+		c.TrustedProxies = proxies
+	})
+	read := func(remote, xff string) resp {
+		r := req{method: http.MethodGet, path: "/v1/streams/proj-1/device-7", remote: remote}
+		if xff != "" {
+			r.header = map[string]string{"X-Forwarded-For": xff}
+		}
+		return f.do(r)
+	}
+	const proxy = "10.0.0.1:5000"
+	// Through the trusted proxy, each client has its own bucket.
+	wantAnswer(t, read(proxy, "203.0.113.1"), 401, "refused", "unauthenticated", -1)
+	wantAnswer(t, read(proxy, "203.0.113.1"), 429, "refused", "rate_limited", -1)
+	wantAnswer(t, read(proxy, "203.0.113.2"), 401, "refused", "unauthenticated", -1)
+	// A chain through two trusted proxies; a client-written entry on the left changes nothing.
+	wantAnswer(t, read("10.0.0.2:5000", "198.51.100.50, 203.0.113.2, 10.0.0.9"), 429, "refused", "rate_limited", -1)
+	// IPv6 clients by /64.
+	wantAnswer(t, read(proxy, "2001:db8:1:1::1"), 401, "refused", "unauthenticated", -1)
+	wantAnswer(t, read(proxy, "2001:db8:1:1::ffff"), 429, "refused", "rate_limited", -1)
+	wantAnswer(t, read(proxy, "2001:db8:1:2::1"), 401, "refused", "unauthenticated", -1)
+	// Garbage from the proxy: the proxy's own bucket, never a new one per value.
+	wantAnswer(t, read(proxy, "garbage-1"), 401, "refused", "unauthenticated", -1)
+	wantAnswer(t, read(proxy, "garbage-2"), 429, "refused", "rate_limited", -1)
+	wantAnswer(t, read(proxy, ""), 429, "refused", "rate_limited", -1)
+	// From an untrusted peer the header is ignored: one bucket, whatever it claims.
+	wantAnswer(t, read("198.51.100.9:1", "203.0.113.3"), 401, "refused", "unauthenticated", -1)
+	wantAnswer(t, read("198.51.100.9:2", "203.0.113.4"), 429, "refused", "rate_limited", -1)
+	// A client cannot borrow a trusted proxy's address either.
+	wantAnswer(t, read("198.51.100.9:3", "203.0.113.5, 10.0.0.1"), 429, "refused", "rate_limited", -1)
+}
+
+func TestOutboxLimiter(t *testing.T) {
+	o := newOutboxFixture(t, func(c *Config) { c.OutboxLimit = limiter.Policy{Tokens: 2, Interval: time.Hour} })
+	o.enqueued(o.postOutbox(o.service, outboxBody("k-1", "")), http.StatusCreated, o.pub)
+	// A refusal after the limiter still spends a token.
+	wantRefusal(t, o.postOutbox(o.service, []byte("{")), 400, "invalid_request")
+	r := o.postOutbox(o.service, outboxBody("k-2", ""))
+	wantRefusal(t, r, 429, "rate_limited")
+	// 2 an hour: the next token comes 30 minutes after the bucket emptied.
+	if n := retryAfter(t, r); n != 1800 {
+		t.Fatalf("Retry-After %d, want 1800", n)
+	}
+	// Nothing was stored for the refused request, and nothing is audited.
+	if n := o.count(`SELECT count(*) FROM outbound_envelopes`); n != 1 {
+		t.Fatalf("%d outbound envelopes, want 1", n)
+	}
+	if n := o.count(`SELECT count(*) FROM outbox_messages`); n != len(o.active) {
+		t.Fatalf("%d outbox messages, want %d", n, len(o.active))
+	}
+	if n := len(o.audit()); n != 0 {
+		t.Fatalf("%d audit rows, want none", n)
+	}
+	// Before the body: a repeat of a stored request is refused too.
+	wantRefusal(t, o.postOutbox(o.service, outboxBody("k-1", "")), 429, "rate_limited")
+	// Another service credential of the same account is unaffected, and so
+	// is this credential's sync-ingest bucket (its envelope post reaches the
+	// role check).
+	svc2 := o.issue(tenantA, "acct-1", "svc-2", store.RoleService)
+	o.enqueued(o.postOutbox(svc2, outboxBody("k-3", "")), http.StatusCreated, o.pub)
+	wantAnswer(t, o.post(o.service, o.sign(draft(1))), 403, "refused", "forbidden", -1)
+	if n := counterValue(t, o.reg, "envelopeworker_ingest_limiter_refusals_total", map[string]string{"policy": "outbox"}); n != 2 {
+		t.Fatalf("limiter_refusals_total{policy=outbox} = %v, want 2", n)
+	}
+}
+
+func TestOutboxLimiterBeforeForbidden(t *testing.T) {
+	o := newOutboxFixture(t, func(c *Config) { c.OutboxLimit = limiter.Policy{Tokens: 1, Interval: time.Hour} })
+	wantRefusal(t, o.postOutbox(o.device, outboxBody("k-1", "")), 403, "forbidden")
+	wantRefusal(t, o.postOutbox(o.device, outboxBody("k-1", "")), 429, "rate_limited")
+	if n := len(o.audit()); n != 0 {
+		t.Fatalf("%d audit rows, want none", n)
+	}
+}
+
+func TestOutboxLimiterDefaultsToTheSyncPolicyInItsOwnBuckets(t *testing.T) {
+	o := newOutboxFixture(t, func(c *Config) { c.SyncLimit = limiter.Policy{Tokens: 1, Interval: time.Hour} })
+	// The service credential spends its one sync-ingest token...
+	wantAnswer(t, o.post(o.service, o.sign(draft(1))), 403, "refused", "forbidden", -1)
+	wantAnswer(t, o.post(o.service, o.sign(draft(1))), 429, "refused", "rate_limited", -1)
+	// ...and still has its one outbox-enqueue token, and no more.
+	o.enqueued(o.postOutbox(o.service, outboxBody("k-1", "")), http.StatusCreated, o.pub)
+	r := o.postOutbox(o.service, outboxBody("k-2", ""))
+	wantRefusal(t, r, 429, "rate_limited")
+	if n := retryAfter(t, r); n != 3600 {
+		t.Fatalf("Retry-After %d, want 3600 (the sync policy, 1 an hour)", n)
+	}
+}
+
+// TestLimiterFailureIsUnavailable: a limiter that cannot answer fails
+// closed, 503 with nothing done, on each of the three policies.
+func TestLimiterFailureIsUnavailable(t *testing.T) {
+	o := newOutboxFixture(t)
+	ctx := context.Background()
+	if err := o.srv.outbox.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.postOutbox(o.service, outboxBody("k-1", "")), 503, "unavailable")
+	if n := o.count(`SELECT count(*) FROM outbound_envelopes`); n != 0 {
+		t.Fatalf("%d outbound envelopes stored past a failed limiter", n)
+	}
+	if err := o.srv.sync.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.post(o.device, o.sign(draft(1))), 503, "unavailable")
+	if err := o.srv.peer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, o.get(o.device, "/v1/streams/proj-1/device-7"), 503, "unavailable")
+	for _, op := range []string{"outbox_limiter", "sync_limiter", "peer_limiter"} {
+		if n := counterValue(t, o.reg, "envelopeworker_ingest_store_errors_total", map[string]string{"operation": op}); n != 1 {
+			t.Errorf("store_errors_total{operation=%q} = %v, want 1", op, n)
+		}
+	}
+	if n := len(o.audit()); n != 0 {
+		t.Fatalf("%d audit rows, want none", n)
 	}
 }

@@ -5,6 +5,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
+// The policy label of limiter_refusals_total; with the "_limiter" suffix
+// also the operation of a limiter's store_errors_total.
+const (
+	limiterPeer   = "peer"
+	limiterSync   = "sync"
+	limiterOutbox = "outbox"
+)
+
 // metrics never carry a tenant, account, device, key, token or event as a
 // label: label values come only from route templates and closed code sets.
 type metrics struct {
@@ -38,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) *metrics {
 		}, []string{"route"}),
 		limiterRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "envelopeworker", Subsystem: "ingest", Name: "limiter_refusals_total",
-			Help: "Requests or batch items refused by a rate limiter, by policy (peer, sync).",
+			Help: "Requests or batch items refused by a rate limiter, by policy (peer, sync, outbox).",
 		}, []string{"policy"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "envelopeworker", Subsystem: "ingest", Name: "store_errors_total",

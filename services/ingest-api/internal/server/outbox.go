@@ -133,6 +133,10 @@ func (s *Server) postOutbox(c echo.Context) error {
 	if !ok {
 		return nil
 	}
+	d, err := s.takeOutbox(c.Request().Context(), id)
+	if !s.spend(c, limiterOutbox, d, err) {
+		return nil
+	}
 	if id.Role != store.RoleService {
 		return s.refuse(c, reasonForbidden)
 	}

@@ -62,7 +62,7 @@ func writeKeysFile(t testing.TB, path string, entries map[string][2]string) {
 	}
 }
 
-func newOutboxFixture(t testing.TB) *outboxFixture {
+func newOutboxFixture(t testing.TB, edit ...func(*Config)) *outboxFixture {
 	t.Helper()
 	o := &outboxFixture{keysPath: filepath.Join(t.TempDir(), "outbound-keys.json")}
 	o.seed, o.pub = newSeed(3)
@@ -71,7 +71,7 @@ func newOutboxFixture(t testing.TB) *outboxFixture {
 	if o.keys, err = outboundkeys.OpenFile(o.keysPath); err != nil {
 		t.Fatal(err)
 	}
-	o.fixture = newFixture(t, func(c *Config) { c.OutboundKeys = o.keys })
+	o.fixture = newFixture(t, append([]func(*Config){func(c *Config) { c.OutboundKeys = o.keys }}, edit...)...)
 	o.active = []string{o.addEndpoint(tenantA, projectA, topicA), o.addEndpoint(tenantA, projectA, topicA)}
 	slices.Sort(o.active)
 	o.disabled = o.addEndpoint(tenantA, projectA, topicA)

@@ -11,10 +11,15 @@
 //	   chunked body is cut at the limit (413 too), into a buffer that grows
 //	   as bytes arrive against the in-flight body budget (503 unavailable +
 //	   Retry-After: 1 past it; see below). Then the peer limiter,
-//	   keyed by the remote IP address (429 rate_limited + Retry-After). The
-//	   address is the TCP peer's, never a forwarding header: behind a proxy
-//	   or load balancer every client shares the proxy's bucket, so size
-//	   PEER_LIMIT_TOKENS for that (or terminate at a layer-4 balancer).
+//	   keyed by the client address, an IPv4 address or an IPv6 /64 (429
+//	   rate_limited + Retry-After). The client address is the TCP peer's
+//	   unless that peer is inside TRUSTED_PROXIES: then it is the rightmost
+//	   X-Forwarded-For entry that is not itself a trusted proxy (header
+//	   lines concatenated in order; a malformed entry stops the walk at the
+//	   last trusted hop, whose address is used: never a value a client
+//	   wrote; see limiter.TrustedProxies.ClientAddr). From any other peer
+//	   the header is ignored. With TRUSTED_PROXIES empty (the default)
+//	   every client behind a proxy shares the proxy's bucket.
 //	1  the bearer credential is verified by the store (401 unauthenticated,
 //	   never audited; a failing database is 503, never 401).
 //	1b the sync limiter, keyed by tenant/account/device/"sync-ingest" (429).
@@ -110,7 +115,10 @@
 // # Outbox routes
 //
 // POST /v1/outbox (role service) runs the body limit (413), the peer
-// limiter, authentication, the role check (403 forbidden), then reads the
+// limiter, authentication, the outbox limiter (contract §8.4: one token per
+// message request, keyed by tenant/account/device/"outbox-enqueue", 429
+// rate_limited + Retry-After, not audited), the role check (403
+// forbidden), then reads the
 // body as strictly as an envelope: unknown, duplicate, missing or malformed
 // members, an identity-rule violation in project_id or idempotency_key, a
 // topic outside ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, a kind that is not a
@@ -123,10 +131,16 @@
 // signed here: producer_id is the credential's device, event_id "ob-" and
 // 32 random hex digits, issued_at the server clock in whole milliseconds,
 // metadata {"kind"}. "Same request content" is SHA-256 of the JCS of the
-// body. The sync limiter is not taken (its purpose is sync-ingest) and
-// enqueues are not audited: the outbound envelope, its sequence and its
-// messages are the record; replays are audited (outcome replayed, by the
-// store, in the replay's transaction).
+// body. The outbox limiter sits where the sync limiter sits on the envelope
+// routes (step 1b, before the role check), so a refused request costs no
+// parsing and no database work, and a credential of the wrong role is
+// limited like any other; it is a limiter of its own (OUTBOX_LIMIT_TOKENS
+// per OUTBOX_LIMIT_INTERVAL, by default the SYNC_LIMIT_* values), so
+// enqueues never spend sync-ingest tokens or the reverse. A batch route
+// takes one token per message with takeOutbox. Enqueues are not audited:
+// the outbound envelope, its sequence and its messages are the record;
+// replays are audited (outcome replayed, by the store, in the replay's
+// transaction).
 //
 // GET /v1/outbox/{message_id} (service or operator), GET /v1/dead-letters
 // (operator; project_id required and an identity, else 400
@@ -158,6 +172,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -178,6 +193,10 @@ type Config struct {
 	MaxSequenceAhead int64         // default 1024
 	SyncLimit        limiter.Policy
 	PeerLimit        limiter.Policy
+	// OutboxLimit defaults to SyncLimit (contract §8.4).
+	OutboxLimit limiter.Policy
+	// TrustedProxies may name the client in X-Forwarded-For; zero: nobody.
+	TrustedProxies limiter.TrustedProxies
 	// MaxBodyBytes may only tighten the contract's 1 MiB.
 	MaxBodyBytes int64
 	// MaxInflightBodyBytes bounds the request-body bytes held at once
@@ -236,6 +255,9 @@ func (c *Config) setDefaults() error {
 	if c.OutboundKeys == nil {
 		c.OutboundKeys = outboundkeys.None{}
 	}
+	if c.OutboxLimit == (limiter.Policy{}) {
+		c.OutboxLimit = c.SyncLimit
+	}
 	switch {
 	case c.PayloadRetention < 0, c.ReplayWindow < 0, c.StoreTimeout < 0, c.GroupCommitWindow < 0:
 		return fmt.Errorf("%w: negative duration", ErrConfig)
@@ -260,6 +282,7 @@ type Server struct {
 	metrics *metrics
 	peer    *limiter.Peer
 	sync    *limiter.Sync
+	outbox  *limiter.Sync
 	creds   *credentialCache
 	bodies  *bodyBudget
 	// activeKeys lets the single route skip the key lookup (see keys.go).
@@ -289,12 +312,19 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		return nil, fmt.Errorf("server: sync limiter: %w", err)
 	}
 	bodies := &bodyBudget{max: cfg.MaxInflightBodyBytes}
+	outboxL, err := limiter.New[limiter.SyncKey](cfg.OutboxLimit)
+	if err != nil {
+		_ = peer.Close(context.Background())
+		_ = syncL.Close(context.Background())
+		return nil, fmt.Errorf("server: outbox limiter: %w", err)
+	}
 	s := &Server{
 		cfg: cfg, store: st, log: log,
 		metrics:    newMetrics(reg, bodies),
 		bodies:     bodies,
 		peer:       peer,
 		sync:       syncL,
+		outbox:     outboxL,
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
 		activeKeys: newActiveKeys(time.Now),
 		keys:       cfg.OutboundKeys,
@@ -313,16 +343,16 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // store.
 func (s *Server) Close(ctx context.Context) error {
 	s.commit.close()
-	return errors.Join(s.peer.Close(ctx), s.sync.Close(ctx))
+	return errors.Join(s.peer.Close(ctx), s.sync.Close(ctx), s.outbox.Close(ctx))
 }
 
 func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
-	// The peer limiter must see the connection's address, never a header a
-	// client can forge.
-	e.IPExtractor = echo.ExtractIPDirect()
+	// The peer limiter must see the connection's address, or what a trusted
+	// proxy says it was, never a header a client can forge.
+	e.IPExtractor = s.clientIP
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.observe, s.recoverPanic)
 
@@ -339,6 +369,20 @@ func (s *Server) routes() *echo.Echo {
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
 	return e
+}
+
+// clientIP is the request's client address (see TrustedProxies.ClientAddr),
+// "" when the peer has none (a Unix socket).
+func (s *Server) clientIP(r *http.Request) string {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return ""
+	}
+	a := s.cfg.TrustedProxies.ClientAddr(peer.Addr(), r.Header.Values(echo.HeaderXForwardedFor))
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
 }
 
 // recoverPanic turns a handler panic into a 500 without printing the panic
