@@ -259,7 +259,7 @@ func TestLimiterSkipsTenant(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
 	e.endpoint("t1", "orders", rc.srv.URL+"/a", "ep")
-	e.endpoint("t2", "orders", rc.srv.URL+"/b", "ep")
+	e.endpoint("t2", "orders", rc.srv.URL+"/b", testRefs[1])
 	for range 3 {
 		e.enqueue("t1", "orders", 12)
 	}
@@ -286,9 +286,10 @@ func TestManyWorkersDeliverEachOnce(t *testing.T) {
 	rc := newReceiver(t, nil)
 	tenants := []string{"t1", "t2", "t3"}
 	var all []string
-	for _, tn := range tenants {
-		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/a", "ep")
-		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/b", "ep")
+	for i, tn := range tenants {
+		ref := testRefs[i] // a secret ref belongs to one tenant
+		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/a", ref)
+		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/b", ref)
 	}
 	for i := range 1200 {
 		_, ids := e.enqueue(tenants[i%3], "orders", 12)
@@ -345,7 +346,7 @@ func TestTenantFairness(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
 	e.endpoint("ta", "orders", rc.srv.URL+"/a", "ep")
-	e.endpoint("tb", "orders", rc.srv.URL+"/b", "ep")
+	e.endpoint("tb", "orders", rc.srv.URL+"/b", testRefs[1])
 	_, seed := e.enqueue("ta", "orders", 12)
 	// A's backlog, due a minute before B's message.
 	e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
