@@ -86,7 +86,9 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // $2): the due scan follows outbox_messages_due_idx in ORDER BY order and
 // stops at the LIMIT; the update finds its rows by primary key through
 // = ANY(array); endpoint, body and the secret ref's owner come from per-row
-// primary-key subqueries. Each claim costs O(claimed rows), not O(table).
+// primary-key subqueries (the owner's nested in the ref's, so its lookup is
+// by primary key too, never a join the planner could turn into a scan).
+// Each claim costs O(claimed rows), not O(table).
 //
 //	$1 tenant  $2 max  $3 lease in microseconds
 const claimSQL = `
@@ -119,8 +121,9 @@ WITH due AS (
 SELECT c.message_id, c.endpoint_id,
        (SELECT e.url FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
        (SELECT e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
-       EXISTS (SELECT FROM endpoints e JOIN secret_ref_owners r ON r.secret_ref = e.secret_ref AND r.tenant_id = $1
-               WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
+       coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref =
+                   (SELECT e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id)),
+                false),
        c.event_identity, c.attempts, c.max_attempts,
        (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity),
        c.lease_expires_at
