@@ -297,6 +297,19 @@ INSERT INTO producer_keys (tenant_id, key_id, public_key, state, retired_at)
 	if err := insert("t2", "ep_6", "fresh"); err != nil {
 		t.Fatalf("a new ref: %v", err)
 	}
+	// The repair of docs/operations.md: t2 moves to a ref of its own, t1 keeps the shared one.
+	if _, err := db.Exec(`UPDATE endpoints SET secret_ref = 't2/hooks' WHERE tenant_id = 't2' AND secret_ref = 'shared';
+		UPDATE secret_ref_owners SET tenant_id = 't1' WHERE secret_ref = 'shared' AND tenant_id IS NULL`); err != nil {
+		t.Fatalf("repair: %v", err)
+	}
+	if err := insert("t1", "ep_7", "shared"); err != nil {
+		t.Fatalf("t1 naming the repaired ref: %v", err)
+	}
+	var notOwned int
+	if err := db.QueryRow(`SELECT count(*) FROM endpoints e WHERE NOT EXISTS (SELECT FROM secret_ref_owners o
+		WHERE o.secret_ref = e.secret_ref AND o.tenant_id = e.tenant_id)`).Scan(&notOwned); err != nil || notOwned != 0 {
+		t.Fatalf("%d endpoints name a ref their tenant does not own after the repair, %v", notOwned, err)
+	}
 	var pg *pgconn.PgError
 	if _, err := db.Exec(`UPDATE producer_keys SET state = 'active' WHERE key_id = 'k1'`); !errors.As(err, &pg) || pg.Code != "EW001" {
 		t.Fatalf("un-retiring a key: %v, want EW001", err)
