@@ -73,7 +73,7 @@ DECLARE
     owner text;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.secret_ref = OLD.secret_ref AND NEW.tenant_id = OLD.tenant_id THEN
-        RETURN NEW;
+        RETURN NULL;
     END IF;
     INSERT INTO public.secret_ref_owners (secret_ref, tenant_id) VALUES (NEW.secret_ref, NEW.tenant_id)
         ON CONFLICT (secret_ref) DO NOTHING;
@@ -81,7 +81,7 @@ BEGIN
     IF owner IS DISTINCT FROM NEW.tenant_id THEN
         RAISE EXCEPTION 'the secret ref belongs to another tenant' USING ERRCODE = 'EW002';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 REVOKE ALL ON FUNCTION endpoints_secret_ref_owner() FROM PUBLIC;
@@ -94,7 +94,9 @@ SELECT secret_ref, CASE WHEN min(tenant_id) = max(tenant_id) THEN min(tenant_id)
 FROM endpoints
 GROUP BY secret_ref;
 
-CREATE TRIGGER endpoints_secret_ref_owner BEFORE INSERT OR UPDATE OF secret_ref, tenant_id ON endpoints
+-- AFTER, so a row that ON CONFLICT DO NOTHING skipped (a taken endpoint id)
+-- claims nothing; an exception still undoes the whole statement.
+CREATE TRIGGER endpoints_secret_ref_owner AFTER INSERT OR UPDATE OF secret_ref, tenant_id ON endpoints
     FOR EACH ROW EXECUTE FUNCTION endpoints_secret_ref_owner();
 
 DO $$

@@ -45,6 +45,19 @@ func TestSecretRefBelongsToOneTenant(t *testing.T) {
 		t.Fatal("owner row missing")
 	}
 
+	// An add refused for a taken endpoint id claims no ref.
+	taken := endpointWithRef("tenant-a", "x", "a/never")
+	taken.ID = "ep_0123456789abcdef01234567"
+	if _, err := f.s.AddEndpoint(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	taken.SecretRef = "a/unclaimed"
+	_, err = f.s.AddEndpoint(ctx, taken)
+	wantErr(t, "taken id", err, store.ErrConflict)
+	if _, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "w", "a/unclaimed")); err != nil {
+		t.Fatalf("a ref named only by a refused add: %v", err)
+	}
+
 	// Updates, as the administrator (no store or envctl command changes a ref).
 	var pg *pgconn.PgError
 	b, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "b/hooks"))
