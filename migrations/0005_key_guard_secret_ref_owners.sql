@@ -1,6 +1,10 @@
 -- 0005: least privilege, continued (issue 13): producer keys whose public key
 -- and past never change, an ingest role that cannot read where webhooks go or
 -- which secrets sign them, and secret refs that belong to one tenant.
+--
+-- Every statement may run again on a database that has it already (a
+-- schema_migrations row removed by hand, an upgrade test): the objects are
+-- replaced or kept, the backfill keeps the owners it finds.
 
 -- Producer keys. The operator updates only a key's state and its two times
 -- (retire, revoke); the guard below holds for every role, the owner included,
@@ -14,7 +18,7 @@ GRANT UPDATE (state, retired_at, revoked_at) ON producer_keys TO envelopeworker_
 
 -- SQLSTATE EW001 (class EW: envelopeworker's own) so the store can tell this
 -- refusal from any other error.
-CREATE FUNCTION producer_keys_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION producer_keys_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.tenant_id <> OLD.tenant_id OR NEW.key_id <> OLD.key_id OR NEW.public_key <> OLD.public_key
        OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
@@ -31,6 +35,7 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION producer_keys_guard() FROM PUBLIC;
+DROP TRIGGER IF EXISTS producer_keys_guard ON producer_keys;
 CREATE TRIGGER producer_keys_guard BEFORE UPDATE ON producer_keys
     FOR EACH ROW EXECUTE FUNCTION producer_keys_guard();
 
@@ -53,7 +58,7 @@ GRANT SELECT (tenant_id, endpoint_id, project_id, topic, state) ON endpoints TO 
 -- migration; it belongs to none of them, so no endpoint may take it and the
 -- worker sends none of their messages, until an administrator gives it to one
 -- tenant (docs/operations.md).
-CREATE TABLE secret_ref_owners (
+CREATE TABLE IF NOT EXISTS secret_ref_owners (
     secret_ref text        PRIMARY KEY,
     tenant_id  text,
     created_at timestamptz NOT NULL DEFAULT now()
@@ -68,7 +73,7 @@ CREATE TABLE secret_ref_owners (
 -- so of two tenants adding one new ref at once exactly one owns it. Under
 -- REPEATABLE READ the loser gets a serialization failure instead. SQLSTATE
 -- EW002; the message never names the owner.
-CREATE FUNCTION endpoints_secret_ref_owner() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION endpoints_secret_ref_owner() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     owner text;
 BEGIN
@@ -92,10 +97,12 @@ LOCK TABLE endpoints IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO secret_ref_owners (secret_ref, tenant_id)
 SELECT secret_ref, CASE WHEN min(tenant_id) = max(tenant_id) THEN min(tenant_id) END
 FROM endpoints
-GROUP BY secret_ref;
+GROUP BY secret_ref
+ON CONFLICT (secret_ref) DO NOTHING;
 
 -- AFTER, so a row that ON CONFLICT DO NOTHING skipped (a taken endpoint id)
 -- claims nothing; an exception still undoes the whole statement.
+DROP TRIGGER IF EXISTS endpoints_secret_ref_owner ON endpoints;
 CREATE TRIGGER endpoints_secret_ref_owner AFTER INSERT OR UPDATE OF secret_ref, tenant_id ON endpoints
     FOR EACH ROW EXECUTE FUNCTION endpoints_secret_ref_owner();
 

@@ -320,4 +320,23 @@ INSERT INTO producer_keys (tenant_id, key_id, public_key, state, retired_at)
 	if applied, err := Apply(ctx, db); err != nil || len(applied) != 0 {
 		t.Fatalf("Apply again: %v, %v", applied, err)
 	}
+
+	// Run again over itself (its schema_migrations row removed, as an upgrade test does): the owners
+	// stay as they are, the triggers are there once.
+	if _, err := db.Exec(`DELETE FROM schema_migrations WHERE version >= 5`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := Apply(ctx, db); err != nil || len(applied) != Latest()-4 {
+		t.Fatalf("Apply over an applied 0005: %v, %v", applied, err)
+	}
+	var triggers, owned int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_trigger WHERE tgname IN ('producer_keys_guard', 'endpoints_secret_ref_owner')`).Scan(&triggers); err != nil || triggers != 2 {
+		t.Fatalf("%d triggers, %v", triggers, err)
+	}
+	if err := db.QueryRow(`SELECT count(*) FROM secret_ref_owners WHERE tenant_id IS NOT NULL`).Scan(&owned); err != nil || owned != 4 {
+		t.Fatalf("%d owned refs after the rerun (shared, solo, fresh, t2/hooks), %v", owned, err)
+	}
+	if err := insert("t3", "ep_8", "solo"); !errors.As(err, &pg) || pg.Code != "EW002" {
+		t.Fatalf("another tenant's ref after the rerun: %v", err)
+	}
 }
