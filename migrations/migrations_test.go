@@ -12,6 +12,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 )
@@ -222,6 +223,121 @@ func TestEmbeddedSet(t *testing.T) {
 	all[0].SQL = "changed"
 	if All()[0].SQL == "changed" {
 		t.Fatal("All returned the package's own slice")
+	}
+}
+
+// Migration 0005 on a database that already has endpoints and keys: refs of
+// one tenant become that tenant's; a ref several tenants' endpoints named
+// belongs to none (and the migration does not fail on it); afterwards the
+// trigger refuses the shared ref to everyone and another tenant's ref to
+// others, and existing keys keep working under the guard.
+func TestMigration0005OnPopulatedDatabase(t *testing.T) {
+	ctx := context.Background()
+	db := open(t, freshDB(t))
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, createTable); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range All()[:4] {
+		if err := applyOne(ctx, conn, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close()
+	if _, err := db.Exec(`
+INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref) VALUES
+    ('t1', 'ep_1', 'p1', 'x', 'https://a.example/', 'shared'),
+    ('t2', 'ep_2', 'p1', 'x', 'https://b.example/', 'shared'),
+    ('t1', 'ep_3', 'p1', 'y', 'https://a.example/', 'solo'),
+    ('t1', 'ep_4', 'p1', 'z', 'https://a.example/', 'solo');
+INSERT INTO producer_keys (tenant_id, key_id, public_key, state, retired_at)
+    VALUES ('t1', 'k1', decode(repeat('01', 32), 'hex'), 'retired', now())`); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := Apply(ctx, db)
+	if err != nil || len(applied) != Latest()-4 || applied[0] != 5 {
+		t.Fatalf("Apply on a populated database: %v, %v", applied, err)
+	}
+
+	owners := map[string]sql.NullString{}
+	rows, err := db.Query(`SELECT secret_ref, tenant_id FROM secret_ref_owners`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var ref string
+		var tenant sql.NullString
+		if err := rows.Scan(&ref, &tenant); err != nil {
+			t.Fatal(err)
+		}
+		owners[ref] = tenant
+	}
+	rows.Close()
+	if len(owners) != 2 || owners["shared"].Valid || owners["solo"].String != "t1" {
+		t.Fatalf("owners after the backfill: %v", owners)
+	}
+
+	insert := func(tenant, id, ref string) error {
+		_, err := db.Exec(`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+			VALUES ($1, $2, 'p1', 'x', 'https://c.example/', $3)`, tenant, id, ref)
+		return err
+	}
+	for _, c := range []struct{ tenant, ref string }{{"t1", "shared"}, {"t2", "shared"}, {"t3", "shared"}, {"t2", "solo"}} {
+		var pg *pgconn.PgError
+		if err := insert(c.tenant, "ep_"+c.tenant+c.ref, c.ref); !errors.As(err, &pg) || pg.Code != "EW002" {
+			t.Errorf("%s naming %s after the migration: %v, want EW002", c.tenant, c.ref, err)
+		}
+	}
+	if err := insert("t1", "ep_5", "solo"); err != nil {
+		t.Fatalf("the owner naming its ref: %v", err)
+	}
+	if err := insert("t2", "ep_6", "fresh"); err != nil {
+		t.Fatalf("a new ref: %v", err)
+	}
+	// The repair of docs/operations.md: t2 moves to a ref of its own, t1 keeps the shared one.
+	if _, err := db.Exec(`UPDATE endpoints SET secret_ref = 't2/hooks' WHERE tenant_id = 't2' AND secret_ref = 'shared';
+		UPDATE secret_ref_owners SET tenant_id = 't1' WHERE secret_ref = 'shared' AND tenant_id IS NULL`); err != nil {
+		t.Fatalf("repair: %v", err)
+	}
+	if err := insert("t1", "ep_7", "shared"); err != nil {
+		t.Fatalf("t1 naming the repaired ref: %v", err)
+	}
+	var notOwned int
+	if err := db.QueryRow(`SELECT count(*) FROM endpoints e WHERE NOT EXISTS (SELECT FROM secret_ref_owners o
+		WHERE o.secret_ref = e.secret_ref AND o.tenant_id = e.tenant_id)`).Scan(&notOwned); err != nil || notOwned != 0 {
+		t.Fatalf("%d endpoints name a ref their tenant does not own after the repair, %v", notOwned, err)
+	}
+	var pg *pgconn.PgError
+	if _, err := db.Exec(`UPDATE producer_keys SET state = 'active' WHERE key_id = 'k1'`); !errors.As(err, &pg) || pg.Code != "EW001" {
+		t.Fatalf("un-retiring a key: %v, want EW001", err)
+	}
+	if _, err := db.Exec(`UPDATE producer_keys SET state = 'revoked', revoked_at = now() WHERE key_id = 'k1'`); err != nil {
+		t.Fatalf("revoking a retired key: %v", err)
+	}
+	if applied, err := Apply(ctx, db); err != nil || len(applied) != 0 {
+		t.Fatalf("Apply again: %v, %v", applied, err)
+	}
+
+	// Run again over itself (its schema_migrations row removed, as an upgrade test does): the owners
+	// stay as they are, the triggers are there once.
+	if _, err := db.Exec(`DELETE FROM schema_migrations WHERE version >= 5`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := Apply(ctx, db); err != nil || len(applied) != Latest()-4 {
+		t.Fatalf("Apply over an applied 0005: %v, %v", applied, err)
+	}
+	var triggers, owned int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_trigger WHERE tgname IN ('producer_keys_guard', 'endpoints_secret_ref_owner')`).Scan(&triggers); err != nil || triggers != 2 {
+		t.Fatalf("%d triggers, %v", triggers, err)
+	}
+	if err := db.QueryRow(`SELECT count(*) FROM secret_ref_owners WHERE tenant_id IS NOT NULL`).Scan(&owned); err != nil || owned != 4 {
+		t.Fatalf("%d owned refs after the rerun (shared, solo, fresh, t2/hooks), %v", owned, err)
+	}
+	if err := insert("t3", "ep_8", "solo"); !errors.As(err, &pg) || pg.Code != "EW002" {
+		t.Fatalf("another tenant's ref after the rerun: %v", err)
 	}
 }
 

@@ -143,7 +143,12 @@ ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
 // AddEndpoint stores an endpoint and returns its id. e.ID may be empty (a new
 // id is made) or a caller-chosen id of the form ep_<24 hex>, which is
 // ErrConflict when taken. e.State defaults to active. Bad fields are
-// ErrInvalid (see ValidateEndpointURL for the URL).
+// ErrInvalid (see ValidateEndpointURL for the URL). A secret ref belongs to
+// the first tenant whose endpoint names it: another tenant's ref (or one
+// several tenants shared before migration 0005) is ErrSecretRefForeign. The
+// schema decides that, for every writer, in a trigger on endpoints
+// (migrations/0005), race-free: of two tenants adding one new ref at once,
+// exactly one gets it.
 func (s *Store) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 	const op = "add endpoint"
 	if e.State == "" {

@@ -107,7 +107,7 @@ func TestEndpointAddGetSetState(t *testing.T) {
 	}
 	_, err = f.s.AddEndpoint(ctx, chosen)
 	wantErr(t, "id taken", err, store.ErrConflict)
-	chosen.TenantID = "t2"
+	chosen.TenantID, chosen.SecretRef = "t2", "prod/hooks-2" // a secret ref belongs to one tenant
 	if _, err := f.s.AddEndpoint(ctx, chosen); err != nil {
 		t.Fatalf("same id in another tenant: %v", err)
 	}

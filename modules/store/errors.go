@@ -24,7 +24,16 @@ var (
 	ErrUnavailable = errors.New("store: unavailable")
 	// ErrInternal is anything else (a bug or a schema that does not match).
 	ErrInternal = errors.New("store: internal error")
+	// ErrSecretRefForeign: the secret ref belongs to another tenant (or, used
+	// by several before migration 0005, to none). Its message never names the
+	// owner.
+	ErrSecretRefForeign = errors.New("store: secret ref belongs to another tenant")
 )
+
+// sqlStateSecretRefForeign is what migration 0005's trigger on endpoints
+// raises for a secret ref another tenant owns. (Its other code, EW001, guards
+// producer_keys against updates no store statement makes.)
+const sqlStateSecretRefForeign = "EW002"
 
 // Error is what every store method returns on failure. Its message is fixed
 // text chosen by the store (operation and kind) and never contains driver
@@ -99,6 +108,8 @@ func kindOf(err error) error {
 			pg.Code == "40P01",               // deadlock_detected, retries exhausted
 			pg.Code == "23505":               // unique race with another stream, retries exhausted
 			return ErrUnavailable
+		case pg.Code == sqlStateSecretRefForeign:
+			return ErrSecretRefForeign
 		}
 		return ErrInternal
 	}

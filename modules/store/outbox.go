@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"time"
 )
 
@@ -93,16 +94,29 @@ const (
 	CodeBlockedAddress  = "blocked_address"
 	CodeTLSFailed       = "tls_failed"
 	CodeNoSecret        = "no_secret"
+	// CodeSecretRefForeign: the endpoint names a secret ref its tenant does
+	// not own; the worker refuses to sign with it (dead at once, never sent).
+	CodeSecretRefForeign = "secret_ref_foreign"
 )
 
 var errorCodes = map[string]bool{
 	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true,
 	CodeTimeout: true, CodeConnectFailed: true, CodeRedirectRefused: true, CodeBlockedAddress: true,
-	CodeTLSFailed: true, CodeNoSecret: true,
+	CodeTLSFailed: true, CodeNoSecret: true, CodeSecretRefForeign: true,
 }
 
 // ValidErrorCode reports whether code is one of the Code* constants.
 func ValidErrorCode(code string) bool { return errorCodes[code] }
+
+// ErrorCodes returns every Code* constant, sorted.
+func ErrorCodes() []string {
+	out := make([]string, 0, len(errorCodes))
+	for c := range errorCodes {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
 
 var messageIDRE = regexp.MustCompile(`^msg_[0-9a-f]{24}$`)
 

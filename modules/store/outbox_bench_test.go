@@ -58,7 +58,7 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
 		if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
-			URL: "https://hooks.example.test/", SecretRef: "bench"}); err != nil {
+			URL: "https://hooks.example.test/", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 			b.Fatal(err)
 		}
 	}

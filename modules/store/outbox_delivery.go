@@ -17,9 +17,14 @@ import (
 // envelope, byte-identical on every attempt.
 type Claimed struct {
 	TenantID, MessageID, EndpointID, URL, SecretRef, EventIdentity string
-	Attempt, MaxAttempts                                           int
-	Body                                                           []byte
-	LeaseExpiresAt                                                 time.Time
+	// SecretRefOwned: the tenant owns SecretRef (secret_ref_owners). When
+	// false the message must not be signed with it: the endpoint names
+	// another tenant's ref, or one nobody owns, written past the schema's
+	// check (a restore without triggers, a hand edit).
+	SecretRefOwned       bool
+	Attempt, MaxAttempts int
+	Body                 []byte
+	LeaseExpiresAt       time.Time
 }
 
 // dueSQL is the claimable set: pending and past its retry time, or
@@ -80,8 +85,11 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // tenant's rows are often not analyzed yet, and a generic plan does not know
 // $2): the due scan follows outbox_messages_due_idx in ORDER BY order and
 // stops at the LIMIT; the update finds its rows by primary key through
-// = ANY(array); endpoint and body come from per-row primary-key subqueries.
-// Each claim costs O(claimed rows), not O(table).
+// = ANY(array); endpoint, body and the secret ref's owner come from per-row
+// primary-key lookups (the endpoint's a LATERAL subquery that OFFSET 0
+// keeps from being flattened into a join the planner could turn into a
+// scan; one lookup serves URL, ref and owner). Each claim costs O(claimed
+// rows), not O(table).
 //
 //	$1 tenant  $2 max  $3 lease in microseconds
 const claimSQL = `
@@ -111,13 +119,16 @@ WITH due AS (
     WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
     RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
 )
-SELECT c.message_id, c.endpoint_id,
-       (SELECT e.url FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
-       (SELECT e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id),
+SELECT c.message_id, c.endpoint_id, e.url, e.secret_ref,
+       coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
        c.event_identity, c.attempts, c.max_attempts,
        (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity),
        c.lease_expires_at
-FROM claimed c`
+FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT e.url, e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id
+    OFFSET 0
+) e ON true`
 
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
@@ -136,7 +147,7 @@ func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Du
 	for rows.Next() {
 		c := Claimed{TenantID: tenant}
 		var ident []byte
-		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &ident, &c.Attempt,
+		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &c.SecretRefOwned, &ident, &c.Attempt,
 			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
 			return nil, classify(ctx, op, err)
 		}

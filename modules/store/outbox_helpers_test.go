@@ -20,7 +20,7 @@ func (f *fixture) addEndpoint(tenant, project, topic string) string {
 	f.t.Helper()
 	id, err := f.s.AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: project, Topic: topic,
-		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-" + topic,
+		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-" + tenant + "-" + topic, // a secret ref belongs to one tenant
 	})
 	if err != nil {
 		f.t.Fatalf("AddEndpoint: %v", err)

@@ -40,6 +40,10 @@ var outboxRefused = map[string][]string{
 		`INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic, idempotency_digest, request_digest, envelope) VALUES ('t','\x00','p','d',1,'x','\x00','\x00','\x00')`,
 		`DELETE FROM outbound_envelopes`,
 		`TRUNCATE outbox_messages`,
+		// reads secret ref owners, never writes them
+		`INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES ('r', 't')`,
+		`UPDATE secret_ref_owners SET tenant_id = 't'`,
+		`DELETE FROM secret_ref_owners`,
 	},
 	roleIngest: {
 		`UPDATE outbox_messages SET attempts = 0`,
@@ -52,6 +56,11 @@ var outboxRefused = map[string][]string{
 		`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref) VALUES ('t','e','p','x','https://x','s')`,
 		`UPDATE endpoints SET state = 'active'`,
 		`DELETE FROM endpoints`,
+		// where webhooks go and what signs them stay out of ingest's reach (0005)
+		`SELECT url FROM endpoints`,
+		`SELECT secret_ref FROM endpoints`,
+		`SELECT * FROM endpoints`,
+		`SELECT FROM secret_ref_owners`,
 	},
 	roleOperator: {
 		`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity, max_attempts, budget) VALUES ('t','m','p','x','e','\x00',1,1)`,
@@ -64,6 +73,10 @@ var outboxRefused = map[string][]string{
 		`DELETE FROM endpoints`,
 		`UPDATE audit_events SET reason = ''`,
 		`DELETE FROM audit_events`,
+		// claims a ref through the endpoints trigger; an owner never moves
+		`UPDATE secret_ref_owners SET tenant_id = 't'`,
+		`DELETE FROM secret_ref_owners`,
+		`UPDATE endpoints SET secret_ref = 'other'`,
 	},
 	roleJanitor: {
 		`SELECT FROM endpoints`,
@@ -72,6 +85,7 @@ var outboxRefused = map[string][]string{
 		`SELECT FROM outbound_streams`,
 		`DELETE FROM outbox_messages`,
 		`DELETE FROM outbound_envelopes`,
+		`SELECT FROM secret_ref_owners`,
 	},
 }
 
@@ -109,6 +123,11 @@ func TestOutboxRolesCanDoTheirJob(t *testing.T) {
 	if _, err := operator.GetEndpoint(ctx, "t1", other); err != nil {
 		t.Fatalf("operator get endpoint: %v", err)
 	}
+	// The trigger claims refs in the operator's name and refuses another tenant's.
+	if _, err := operator.AddEndpoint(ctx, store.Endpoint{TenantID: "t2", ProjectID: "p1", Topic: "task.proposals",
+		URL: "https://c.example/", SecretRef: "a"}); !errors.Is(err, store.ErrSecretRefForeign) {
+		t.Fatalf("operator add endpoint with t1's ref for t2: %v", err)
+	}
 
 	o := out("k-1", `{}`)
 	o.maxAttempts = 1
@@ -135,6 +154,9 @@ func TestOutboxRolesCanDoTheirJob(t *testing.T) {
 	}
 	var dead string
 	for _, c := range cs {
+		if !c.SecretRefOwned {
+			t.Fatalf("delivery claim: %s's ref is its own, claim says not", c.EndpointID)
+		}
 		if _, err := delivery.GetEndpoint(ctx, "t1", c.EndpointID); err != nil {
 			t.Fatalf("delivery get endpoint: %v", err)
 		}

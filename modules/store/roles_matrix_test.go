@@ -13,12 +13,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// grantMatrix is every privilege each role holds after the migrations, from
-// migrations/0001_init.sql and 0002_outbox.sql: table-level privileges, and
-// UPDATE granted on columns only. Anything not listed must not be held.
+// grantMatrix is every privilege each role holds after the migrations
+// (migrations/0001 to 0005): table-level privileges, UPDATE granted on
+// columns only, and SELECT granted on columns only. Anything not listed must
+// not be held.
 var grantMatrix = map[string]struct {
 	tables  map[string]string   // table -> comma-separated table-level privileges
 	columns map[string][]string // table -> columns with a column-level UPDATE grant
+	selects map[string][]string // table -> columns with a column-level SELECT grant
 }{
 	roleIngest: {
 		tables: map[string]string{
@@ -27,7 +29,6 @@ var grantMatrix = map[string]struct {
 			"streams":          "SELECT,INSERT",
 			"event_identities": "SELECT,INSERT", "inbound_payloads": "SELECT,INSERT",
 			"audit_events":       "INSERT",
-			"endpoints":          "SELECT",
 			"outbound_streams":   "SELECT,INSERT",
 			"outbound_envelopes": "SELECT,INSERT", "outbox_messages": "SELECT,INSERT",
 		},
@@ -36,11 +37,16 @@ var grantMatrix = map[string]struct {
 			"streams":          {"cursor", "updated_at"},
 			"outbound_streams": {"last_sequence", "updated_at"},
 		},
+		// Enqueue's fan-out; never an endpoint's URL or secret ref (0005).
+		selects: map[string][]string{
+			"endpoints": {"endpoint_id", "project_id", "state", "tenant_id", "topic"},
+		},
 	},
 	roleDelivery: {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
 			"outbox_messages":   "SELECT", "endpoints": "SELECT", "outbound_envelopes": "SELECT",
+			"secret_ref_owners": "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"attempts", "dead_at", "delivered_at", "last_error_code", "lease_expires_at",
@@ -58,16 +64,18 @@ var grantMatrix = map[string]struct {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
 			"credentials":       "SELECT,INSERT",
-			"producer_keys":     "SELECT,INSERT,UPDATE,DELETE",
+			"producer_keys":     "SELECT,INSERT,DELETE",
 			"streams":           "SELECT,INSERT",
 			"event_identities":  "SELECT",
 			"audit_events":      "SELECT,INSERT",
 			"endpoints":         "SELECT,INSERT",
 			"outbox_messages":   "SELECT",
+			"secret_ref_owners": "SELECT,INSERT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
 			"credentials":     {"revoked_at", "status"},
+			"producer_keys":   {"retired_at", "revoked_at", "state"},
 			"streams":         {"cursor", "replay_floor", "updated_at"},
 			"endpoints":       {"disabled_reason", "state", "updated_at"},
 		},
@@ -152,17 +160,23 @@ ORDER BY 1, a.attnum`)
 						t.Fatal(err)
 					}
 					checks++
-					exp := slices.Contains(allowed, p) || p == "UPDATE" && slices.Contains(want.columns[tb], col)
+					exp := slices.Contains(allowed, p) || p == "UPDATE" && slices.Contains(want.columns[tb], col) ||
+						p == "SELECT" && slices.Contains(want.selects[tb], col)
 					if has != exp {
 						t.Errorf("%s %s on %s.%s: held %v, matrix %v", role, p, tb, col, has, exp)
 					}
 					if p == "UPDATE" && !exp {
 						refused = append(refused, struct{ role, stmt string }{role, fmt.Sprintf(`UPDATE %s SET %s = DEFAULT`, tb, col)})
 					}
+					if p == "SELECT" && !exp && len(want.selects[tb]) > 0 {
+						refused = append(refused, struct{ role, stmt string }{role, fmt.Sprintf(`SELECT %s FROM %s`, col, tb)})
+					}
 				}
 			}
 			for _, p := range []string{"SELECT", "INSERT", "DELETE", "TRUNCATE"} {
-				if slices.Contains(allowed, p) {
+				// A SELECT naming no column needs only some column's SELECT;
+				// the column reads above are refused one by one instead.
+				if slices.Contains(allowed, p) || p == "SELECT" && len(want.selects[tb]) > 0 {
 					continue
 				}
 				stmt := map[string]string{

@@ -68,6 +68,11 @@ var refusedStatements = map[string][]string{
 		`DELETE FROM streams`,
 		`DELETE FROM credentials`,
 		`TRUNCATE audit_events`,
+		// a key's state and times only (0005); the trigger guards the rest for every role
+		`UPDATE producer_keys SET public_key = '\x00'`,
+		`UPDATE producer_keys SET key_id = 'x'`,
+		`UPDATE producer_keys SET tenant_id = 'x'`,
+		`UPDATE producer_keys SET created_at = now()`,
 		`CREATE TABLE operator_owned (i int)`,
 		`SET wal_compression = pglz`,
 	},

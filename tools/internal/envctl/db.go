@@ -75,7 +75,51 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 	} else if note != "" {
 		fmt.Fprintln(c.Stderr, note)
 	}
+	// Migration 0005 leaves refs that several tenants shared without an owner; its notice does not
+	// reach the operator either.
+	if note, err := sharedSecretRefsNote(cctx, db); err != nil {
+		fmt.Fprintf(c.Stderr, "note: could not list secret refs without an owner: %v\n", err)
+	} else if note != "" {
+		fmt.Fprintln(c.Stderr, note)
+	}
 	return ExitOK
+}
+
+// maxSharedRefsListed bounds the refs sharedSecretRefsNote names; the rest are counted.
+const maxSharedRefsListed = 20
+
+// sharedSecretRefsNote names the secret refs that belong to no tenant (several tenants' endpoints
+// named them before migration 0005) and what that means; "" when there are none. Refs are names, not
+// secrets, so they may be printed; the tenants that share them are not.
+func sharedSecretRefsNote(ctx context.Context, db *sql.DB) (string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT secret_ref FROM secret_ref_owners WHERE tenant_id IS NULL ORDER BY secret_ref`)
+	if err != nil {
+		return "", fmt.Errorf("secret ref owners: %w", err)
+	}
+	defer rows.Close()
+	var refs []string
+	n := 0
+	for rows.Next() {
+		var ref string
+		if err := rows.Scan(&ref); err != nil {
+			return "", fmt.Errorf("secret ref owners: %w", err)
+		}
+		if n++; n <= maxSharedRefsListed {
+			refs = append(refs, ref)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("secret ref owners: %w", err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	if n > len(refs) {
+		refs = append(refs, fmt.Sprintf("and %d more", n-len(refs)))
+	}
+	return fmt.Sprintf("note: %d secret ref(s) were named by endpoints of several tenants and belong to none: %s; "+
+		"the delivery-worker refuses their messages (secret_ref_foreign) until each is given to one tenant "+
+		"(docs/operations.md, webhook secrets)", n, strings.Join(refs, ", ")), nil
 }
 
 // walCompressionGrantNote says what to run when role may not SET wal_compression on a server that

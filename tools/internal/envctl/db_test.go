@@ -103,6 +103,36 @@ func TestWALCompressionGrantNote(t *testing.T) {
 	}
 }
 
+// migrate names the secret refs that belong to no tenant (several tenants shared them before
+// migration 0005, whose notice never reaches the terminal), never the tenants.
+func TestMigrateNotesSharedSecretRefs(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	db := storetest.Open(t, dsn).DB().DB
+	r := run(t, dsn, "migrate")
+	r.expect(t, ExitOK, "")
+	if strings.Contains(r.stderr, "secret ref") {
+		t.Fatalf("migrate without shared refs: stderr %q", r.stderr)
+	}
+	// As the backfill of 0005 leaves them.
+	if _, err := db.Exec(`INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES ('legacy/b', NULL), ('legacy/a', NULL), ('own', 'tenant-one')`); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, dsn, "migrate")
+	r.expect(t, ExitOK, "note: 2 secret ref(s) were named by endpoints of several tenants and belong to none: legacy/a, legacy/b;")
+	if strings.Contains(r.stderr, "own") || strings.Contains(r.stderr, "tenant-one") {
+		t.Fatalf("the note names more than the shared refs: %q", r.stderr)
+	}
+	for i := range maxSharedRefsListed {
+		if _, err := db.Exec(`INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES ($1, NULL)`, fmt.Sprintf("more/%02d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	note, err := sharedSecretRefsNote(context.Background(), db)
+	if err != nil || !strings.Contains(note, "note: 22 secret ref(s)") || !strings.Contains(note, "more/17, and 2 more;") {
+		t.Fatalf("note with more refs than listed: %q, %v", note, err)
+	}
+}
+
 func TestUnreachableDatabase(t *testing.T) {
 	// Port 1 on loopback refuses at once: a failure after reaching for the database is exit 1.
 	dead := "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5"

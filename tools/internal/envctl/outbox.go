@@ -56,8 +56,13 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 	tenant, project := fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String()
 	id, err := s.AddEndpoint(cctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: *topic, URL: *rawURL, SecretRef: *secretRef})
 	if err != nil {
-		if errors.Is(err, store.ErrInvalid) {
+		switch {
+		case errors.Is(err, store.ErrInvalid):
 			return c.failure(path, "refused: %v", err)
+		case errors.Is(err, store.ErrSecretRefForeign):
+			// Never says whose: the operator of one tenant learns nothing about another.
+			return c.failure(path, "refused: secret ref %s is not tenant %s's: another tenant's endpoints name it, "+
+				"and a ref belongs to one tenant; choose another name (docs/operations.md, webhook secrets)", *secretRef, tenant)
 		}
 		return c.storeFailure(path, err)
 	}

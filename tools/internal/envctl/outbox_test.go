@@ -210,6 +210,29 @@ func TestEndpointAddRefusals(t *testing.T) {
 	}
 }
 
+// A secret ref belongs to the first tenant whose endpoint names it: another tenant's endpoint add is
+// refused (exit 1) with a message that does not name the owner, and stores nothing.
+func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	s := storetest.Open(t, dsn)
+	add := func(tenant, topic string) result {
+		return run(t, dsn, "endpoint", "add", "--tenant", tenant, "--project", "p1", "--topic", topic,
+			"--url", "https://hooks.example.test/"+topic, "--secret-ref", "prod/hooks")
+	}
+	add("tenant-owner", "x").expect(t, ExitOK, "added endpoint ")
+	add("tenant-owner", "y").expect(t, ExitOK, "added endpoint ")
+	r := add("tenant-other", "x")
+	r.expect(t, ExitFailure, "refused: secret ref prod/hooks is not tenant tenant-other's: another tenant's endpoints name it")
+	if r.stdout != "" || strings.Contains(r.stderr, "tenant-owner") {
+		t.Fatalf("refusal: stdout %q stderr %q; want no id and no owner", r.stdout, r.stderr)
+	}
+	var n int
+	if err := s.DB().QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints WHERE tenant_id = 'tenant-other'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("refused endpoint stored: %d, %v", n, err)
+	}
+	add("tenant-other", "z").expect(t, ExitFailure, "is not tenant tenant-other's")
+}
+
 func TestDLQListAndReplay(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	s := storetest.Open(t, dsn)

@@ -265,6 +265,17 @@ func TestVerifyBroken(t *testing.T) {
 			},
 			want: map[string]int64{"settlement_inconsistent": 3},
 		},
+		{
+			name: "secret refs past the ownership trigger",
+			stmts: func(populated) []string {
+				return []string{
+					`DELETE FROM secret_ref_owners WHERE secret_ref = 'hooks-y'`,
+					`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+					 VALUES ('t2', 'ep_0123456789abcdef01234567', 'p1', 'x', 'https://hooks.example.test/t2', 'hooks-x')`,
+				}
+			},
+			want: map[string]int64{"secret_ref_not_owned": 2},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -331,7 +342,7 @@ func TestVerifyAfterDumpAndRestore(t *testing.T) {
 	partial := storetest.NewDatabase(t)
 	pg("pg_restore", "--exit-on-error", "--data-only", "--disable-triggers", "--table=inbound_payloads", "--dbname="+partial, dump)
 	counts, r = verifyCounts(t, partial)
-	r.expect(t, ExitFailure, "1 of 9 invariants violated")
+	r.expect(t, ExitFailure, fmt.Sprintf("1 of %d invariants violated", len(invariants())))
 	if counts["payload_without_identity"] != 3 {
 		t.Errorf("payload_without_identity %d, want 3", counts["payload_without_identity"])
 	}

@@ -147,7 +147,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	defer srv.Close()
 
 	if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
-		URL: "http://" + ln.Addr().String() + "/hook", SecretRef: "bench"}); err != nil {
+		URL: "http://" + ln.Addr().String() + "/hook", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 		return Report{}, fmt.Errorf("add endpoint: %w", err)
 	}
 	fmt.Fprintf(logw, "seeding %d messages for %s\n", c.Messages, tenant)
@@ -190,7 +190,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	defer os.RemoveAll(dir)
 	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("loadgen-delivery-secret-32bytes!"))
 	secretsFile := filepath.Join(dir, "secrets.json")
-	if err := os.WriteFile(secretsFile, []byte(`{"bench":["`+secret+`"]}`), 0o600); err != nil {
+	if err := os.WriteFile(secretsFile, []byte(`{"`+tenant+`":["`+secret+`"]}`), 0o600); err != nil {
 		return Report{}, err
 	}
 	env := []string{

@@ -53,6 +53,9 @@ const (
 	CodeBlockedAddress  = "blocked_address"
 	CodeTLSFailed       = "tls_failed"
 	CodeNoSecret        = "no_secret"
+	// CodeSecretRefForeign: the worker refused to sign with a secret ref
+	// the message's tenant does not own (never sent).
+	CodeSecretRefForeign = "secret_ref_foreign"
 )
 
 // Result classifies one attempt.

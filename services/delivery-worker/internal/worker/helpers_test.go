@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +34,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testSecret = "whsec_" + base64.StdEncoding.EncodeToString([]byte("worker-test-secret-24byte"))
+
+// testRefs are the secret refs newWorker's secrets hold (all testSecret):
+// one per tenant, since a ref belongs to the first tenant that names it.
+var testRefs = []string{"ep", "ep2", "ep3"}
 
 // env is one test database, seen through the store API plus an admin
 // handle for setting up backlogs and simulating lease expiry.
@@ -173,7 +178,15 @@ type opts struct {
 func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	t.Helper()
 	st := storetest.Open(t, dsn)
-	set, err := secrets.Parse([]byte(`{"ep":["` + testSecret + `"]}`))
+	refs := map[string][]string{}
+	for _, r := range testRefs {
+		refs[r] = []string{testSecret}
+	}
+	file, err := json.Marshal(refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := secrets.Parse(file)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -330,7 +330,17 @@ func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	actx, cancel := context.WithDeadline(ctx, sendBy)
 	defer cancel()
 	start := time.Now()
-	res, err := w.sender.Send(actx, sender.Message{ID: c.MessageID, URL: c.URL, SecretRef: c.SecretRef, Body: c.Body})
+	var res sender.Result
+	var err error
+	if c.SecretRefOwned {
+		res, err = w.sender.Send(actx, sender.Message{ID: c.MessageID, URL: c.URL, SecretRef: c.SecretRef, Body: c.Body})
+	} else {
+		// Signing with a ref the tenant does not own would sign its message
+		// with another tenant's secret; retrying cannot make the ref its own.
+		res = sender.Result{Verdict: sender.Dead, Code: sender.CodeSecretRefForeign}
+		w.log.Warn("message refused: its endpoint's secret ref does not belong to its tenant; not sent",
+			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
+	}
 	elapsed := time.Since(start).Seconds()
 	if err != nil {
 		// Shutdown past the grace period, or the attempt ran into the

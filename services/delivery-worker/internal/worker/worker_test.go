@@ -20,7 +20,7 @@ import (
 func TestSenderCodesAreStoreCodes(t *testing.T) {
 	for _, c := range []string{sender.CodeHTTP4xx, sender.CodeHTTP410, sender.CodeHTTP429,
 		sender.CodeHTTP5xx, sender.CodeTimeout, sender.CodeConnectFailed, sender.CodeRedirectRefused,
-		sender.CodeBlockedAddress, sender.CodeTLSFailed, sender.CodeNoSecret} {
+		sender.CodeBlockedAddress, sender.CodeTLSFailed, sender.CodeNoSecret, sender.CodeSecretRefForeign} {
 		if !store.ValidErrorCode(c) {
 			t.Errorf("sender code %q is not a store error code", c)
 		}
@@ -259,7 +259,7 @@ func TestLimiterSkipsTenant(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
 	e.endpoint("t1", "orders", rc.srv.URL+"/a", "ep")
-	e.endpoint("t2", "orders", rc.srv.URL+"/b", "ep")
+	e.endpoint("t2", "orders", rc.srv.URL+"/b", testRefs[1])
 	for range 3 {
 		e.enqueue("t1", "orders", 12)
 	}
@@ -286,9 +286,10 @@ func TestManyWorkersDeliverEachOnce(t *testing.T) {
 	rc := newReceiver(t, nil)
 	tenants := []string{"t1", "t2", "t3"}
 	var all []string
-	for _, tn := range tenants {
-		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/a", "ep")
-		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/b", "ep")
+	for i, tn := range tenants {
+		ref := testRefs[i] // a secret ref belongs to one tenant
+		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/a", ref)
+		e.endpoint(tn, "orders", rc.srv.URL+"/"+tn+"/b", ref)
 	}
 	for i := range 1200 {
 		_, ids := e.enqueue(tenants[i%3], "orders", 12)
@@ -345,7 +346,7 @@ func TestTenantFairness(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
 	e.endpoint("ta", "orders", rc.srv.URL+"/a", "ep")
-	e.endpoint("tb", "orders", rc.srv.URL+"/b", "ep")
+	e.endpoint("tb", "orders", rc.srv.URL+"/b", testRefs[1])
 	_, seed := e.enqueue("ta", "orders", 12)
 	// A's backlog, due a minute before B's message.
 	e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
@@ -450,5 +451,79 @@ func TestGraceExpiryLeavesMessageUnsettled(t *testing.T) {
 	}
 	if attempts(m, "aborted", "") != 1 {
 		t.Fatal("aborted attempt not counted")
+	}
+}
+
+// A message whose endpoint names a secret ref its tenant does not own is
+// dead at once with secret_ref_foreign and never sent, whichever way the
+// endpoint got past the schema's ownership trigger: another tenant's ref
+// (a restore with triggers off), a ref several tenants shared before
+// migration 0005 (owner NULL), a ref with no owner row at all. The secrets
+// file holds every ref, so only the ownership check stops these messages.
+func TestForeignSecretRefIsNeverSent(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.endpoint("t1", "orders", rc.srv.URL+"/own", testRefs[0])
+	e.endpoint("t2", "shared", rc.srv.URL+"/shared", testRefs[1])
+	e.endpoint("t2", "orphan", rc.srv.URL+"/orphan", testRefs[2])
+	// As the administrator, past the trigger.
+	tx, err := e.st.DB().DB.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`SET LOCAL session_replication_role = replica`,
+		`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+		 VALUES ('t2', 'ep_0000000000000000000000f1', 'p1', 'foreign', '` + rc.srv.URL + `/foreign', '` + testRefs[0] + `')`,
+		`UPDATE secret_ref_owners SET tenant_id = NULL WHERE secret_ref = '` + testRefs[1] + `'`,
+		`DELETE FROM secret_ref_owners WHERE secret_ref = '` + testRefs[2] + `'`,
+	} {
+		if _, err := tx.Exec(q); err != nil {
+			_ = tx.Rollback()
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	_, own := e.enqueue("t1", "orders", 12)
+	var refused []string
+	for _, topic := range []string{"foreign", "shared", "orphan"} {
+		_, ids := e.enqueue("t2", topic, 12)
+		refused = append(refused, ids...)
+	}
+	w, m := newWorker(t, e.dsn, opts{})
+	cycleUntil(t, w, func() bool {
+		return e.count(`SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'delivering')`) == 0
+	})
+
+	if s := e.status("t1", own[0]); s.Status != store.StatusDelivered || rc.hits(own[0]) != 1 {
+		t.Fatalf("the owner's message: %+v, %d requests", s, rc.hits(own[0]))
+	}
+	for _, id := range refused {
+		if s := e.status("t2", id); s.Status != store.StatusDead || s.LastErrorCode != store.CodeSecretRefForeign || s.Attempts != 1 {
+			t.Fatalf("message %s: %+v", id, s)
+		}
+		if n := rc.hits(id); n != 0 {
+			t.Fatalf("message %s sent %d times with a ref its tenant does not own", id, n)
+		}
+	}
+	rc.mu.Lock()
+	paths := append([]string(nil), rc.order...)
+	rc.mu.Unlock()
+	if len(paths) != 1 || paths[0] != "/own" {
+		t.Fatalf("the sink saw %v, want only /own", paths)
+	}
+	dl, _, err := e.st.ListDeadLetters(context.Background(), "t2", "p1", 10, "")
+	if err != nil || len(dl) != len(refused) {
+		t.Fatalf("dead letters: %+v, %v", dl, err)
+	}
+	for _, d := range dl {
+		if d.ErrorCode != sender.CodeSecretRefForeign {
+			t.Fatalf("dead letter %+v", d)
+		}
+	}
+	if n := attempts(m, "dead", sender.CodeSecretRefForeign); n != len(refused) {
+		t.Fatalf("%d refusals counted, want %d", n, len(refused))
 	}
 }

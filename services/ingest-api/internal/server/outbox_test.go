@@ -86,7 +86,7 @@ func (f *fixture) addEndpoint(tenant, project, topic string) string {
 	f.t.Helper()
 	id, err := f.st.AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: project, Topic: topic,
-		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-1",
+		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-" + tenant, // a secret ref belongs to one tenant
 	})
 	if err != nil {
 		f.t.Fatal(err)
