@@ -52,12 +52,6 @@ type service struct {
 // binary's path.
 func buildService(t *testing.T, name string) string {
 	t.Helper()
-	return launchService(t, name, env, readyURL, http.StatusOK)
-}
-
-// launchService is startService waiting for readyURL to answer status want.
-func launchService(t *testing.T, name string, env []string, readyURL string, want int) *service {
-	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +68,12 @@ func launchService(t *testing.T, name string, env []string, readyURL string, wan
 // startService builds services/<name>, starts it with env added to the
 // environment and waits until readyURL answers 200.
 func startService(t *testing.T, name string, env []string, readyURL string) *service {
+	t.Helper()
+	return launchService(t, name, env, readyURL, http.StatusOK)
+}
+
+// launchService is startService waiting for readyURL to answer status want.
+func launchService(t *testing.T, name string, env []string, readyURL string, want int) *service {
 	t.Helper()
 	bin := buildService(t, name)
 	s := &service{logs: &lockedBuffer{}}
