@@ -73,16 +73,22 @@ CREATE TABLE IF NOT EXISTS secret_ref_owners (
 -- so of two tenants adding one new ref at once exactly one owns it. Under
 -- REPEATABLE READ the loser gets a serialization failure instead. SQLSTATE
 -- EW002; the message never names the owner.
-CREATE OR REPLACE FUNCTION endpoints_secret_ref_owner() RETURNS trigger LANGUAGE plpgsql AS $$
+--
+-- SECURITY DEFINER, so the operator needs no write grant on the owners table
+-- (it could otherwise claim refs without an endpoint); the search_path is the
+-- migrator's, pinned, so the function finds the table this file created
+-- whatever the caller's search_path, and a caller cannot shadow it.
+CREATE OR REPLACE FUNCTION endpoints_secret_ref_owner() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     owner text;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.secret_ref = OLD.secret_ref AND NEW.tenant_id = OLD.tenant_id THEN
         RETURN NULL;
     END IF;
-    INSERT INTO public.secret_ref_owners (secret_ref, tenant_id) VALUES (NEW.secret_ref, NEW.tenant_id)
+    INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES (NEW.secret_ref, NEW.tenant_id)
         ON CONFLICT (secret_ref) DO NOTHING;
-    SELECT o.tenant_id INTO owner FROM public.secret_ref_owners o WHERE o.secret_ref = NEW.secret_ref;
+    SELECT o.tenant_id INTO owner FROM secret_ref_owners o WHERE o.secret_ref = NEW.secret_ref;
     IF owner IS DISTINCT FROM NEW.tenant_id THEN
         RAISE EXCEPTION 'the secret ref belongs to another tenant' USING ERRCODE = 'EW002';
     END IF;
@@ -118,9 +124,10 @@ BEGIN
 END
 $$;
 
--- The operator adds endpoints, so the trigger claims refs in its name; the
--- worker reads owners to refuse a message whose endpoint names a ref its
+-- The operator reads owners (envctl verify); it claims refs only through the
+-- endpoints trigger, which runs as the migrator. The worker reads owners to refuse a message whose endpoint names a ref its
 -- tenant does not own (one written past the trigger: a restore without
 -- triggers, a hand edit). Nobody but the owner updates or deletes owners.
-GRANT SELECT, INSERT ON secret_ref_owners TO envelopeworker_operator;
+REVOKE INSERT ON secret_ref_owners FROM envelopeworker_operator;
+GRANT SELECT ON secret_ref_owners TO envelopeworker_operator;
 GRANT SELECT ON secret_ref_owners TO envelopeworker_delivery;

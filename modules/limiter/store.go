@@ -129,14 +129,17 @@ var _ golimiter.Store = (*MemoryStore)(nil)
 // now is the store time: nanoseconds since base.
 func (s *MemoryStore) now() int64 { return int64(s.clock().Sub(s.base)) }
 
-// unixNano turns a store time into the Unix nanoseconds go-limiter's reset
-// carries, saturating rather than wrapping for intervals of centuries.
-func (s *MemoryStore) unixNano(t int64) uint64 {
-	base := s.base.UnixNano()
-	if t > math.MaxInt64-base {
+// resetAt is the Unix nanoseconds go-limiter's reset carries: wait store
+// nanoseconds after wall, the clock reading the store time was taken from.
+// It starts from that reading, not from base, so a wall-clock step since the
+// store started does not shift a Retry-After; it saturates rather than wraps
+// for intervals of centuries.
+func resetAt(wall time.Time, wait int64) uint64 {
+	w := wall.UnixNano()
+	if wait > math.MaxInt64-w {
 		return math.MaxInt64
 	}
-	return uint64(base + t)
+	return uint64(w + wait)
 }
 
 func (s *MemoryStore) shardOf(key string) *shard {
@@ -235,7 +238,8 @@ func (s *MemoryStore) Take(_ context.Context, key string) (tokens, remaining, re
 	if s.stopped.Load() {
 		return 0, 0, 0, false, golimiter.ErrStopped
 	}
-	now := s.now()
+	wall := s.clock()
+	now := int64(wall.Sub(s.base))
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	b := s.current(sh, key, now)
@@ -245,7 +249,7 @@ func (s *MemoryStore) Take(_ context.Context, key string) (tokens, remaining, re
 	}
 	tokens, remaining, next := b.capacity, b.level, b.nextToken(now)
 	sh.mu.Unlock()
-	return tokens, remaining, s.unixNano(next), ok, nil
+	return tokens, remaining, resetAt(wall, next-now), ok, nil
 }
 
 // Get returns the key's policy tokens and the tokens it has now, without

@@ -73,7 +73,8 @@ var outboxRefused = map[string][]string{
 		`DELETE FROM endpoints`,
 		`UPDATE audit_events SET reason = ''`,
 		`DELETE FROM audit_events`,
-		// claims a ref through the endpoints trigger; an owner never moves
+		// claims a ref only through the endpoints trigger; an owner never moves
+		`INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES ('r', 't')`,
 		`UPDATE secret_ref_owners SET tenant_id = 't'`,
 		`DELETE FROM secret_ref_owners`,
 		`UPDATE endpoints SET secret_ref = 'other'`,

@@ -205,9 +205,21 @@ func TestReadinessCancelledCaller(t *testing.T) {
 	if err := tx2.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	c.add(time.Second)
-	if err := r.Check(context.Background()); err != nil || r.Probes() != 2 {
-		t.Fatalf("after MaxAge: %v, %d probes; want ready from a second probe", err, r.Probes())
+	// Each MaxAge later the same Readiness probes again. The first probe
+	// after the lock may itself run out of its 100 ms on a loaded machine
+	// (the cancelled probe's connection is replaced first), so allow a few.
+	for tries := 1; ; tries++ {
+		c.add(time.Second)
+		err := r.Check(context.Background())
+		if n := r.Probes(); n != 1+uint64(tries) {
+			t.Fatalf("after %d MaxAges: %d probes, want one per MaxAge", tries, n)
+		}
+		if err == nil {
+			break
+		}
+		if tries == 20 {
+			t.Fatalf("after %d MaxAges still %v; want ready from a later probe", tries, err)
+		}
 	}
 }
 

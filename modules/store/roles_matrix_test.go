@@ -70,7 +70,7 @@ var grantMatrix = map[string]struct {
 			"audit_events":      "SELECT,INSERT",
 			"endpoints":         "SELECT,INSERT",
 			"outbox_messages":   "SELECT",
-			"secret_ref_owners": "SELECT,INSERT",
+			"secret_ref_owners": "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},

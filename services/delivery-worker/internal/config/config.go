@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
 )
@@ -132,6 +133,11 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 // loads (a bad file stops the worker at start, not at the first delivery).
 func (c Config) Validate() error {
 	bad := func(name, why string) error { return fmt.Errorf("%w: %s %s", ErrInvalid, name, why) }
+	// The limiter's own range check (contract §8.3), before the database is
+	// opened, so a bad policy names its settings at start.
+	if err := (limiter.Policy{Tokens: c.LimitTokens, Interval: c.LimitInterval}).Validate(); err != nil {
+		return fmt.Errorf("%w: DELIVERY_LIMIT_TOKENS/DELIVERY_LIMIT_INTERVAL: %w", ErrInvalid, err)
+	}
 	switch {
 	case c.DatabaseURL == "":
 		return bad("DATABASE_URL", "is required")
@@ -153,10 +159,6 @@ func (c Config) Validate() error {
 		return bad("DELIVERY_CONCURRENCY", "must be between 1 and 1024")
 	case c.ClaimSize < 1 || c.ClaimSize > store.MaxClaim:
 		return bad("DELIVERY_CLAIM_SIZE", "must be between 1 and 100")
-	case c.LimitTokens < 1:
-		return bad("DELIVERY_LIMIT_TOKENS", "must be at least 1")
-	case c.LimitInterval <= 0:
-		return bad("DELIVERY_LIMIT_INTERVAL", "must be positive")
 	case c.PollInterval <= 0:
 		return bad("DELIVERY_POLL_INTERVAL", "must be positive")
 	case c.ShutdownGrace <= 0:

@@ -103,6 +103,8 @@ func TestRefusals(t *testing.T) {
 		{"tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "0"}, nil, "DELIVERY_LIMIT_TOKENS"},
 		{"negative tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "-1"}, nil, "not a non-negative integer"},
 		{"interval", map[string]string{"DELIVERY_LIMIT_INTERVAL": "0s"}, nil, "DELIVERY_LIMIT_INTERVAL"},
+		{"interval under 1ms", map[string]string{"DELIVERY_LIMIT_INTERVAL": "999us"}, nil, "DELIVERY_LIMIT_INTERVAL"},
+		{"tokens over 1,000,000", map[string]string{"DELIVERY_LIMIT_TOKENS": "1000001"}, nil, "DELIVERY_LIMIT_TOKENS"},
 		{"bool", map[string]string{"DELIVERY_ALLOW_INSECURE_LOOPBACK": "yes please"}, nil, "not true or false"},
 		{"grace", map[string]string{"SHUTDOWN_GRACE": "0s"}, nil, "SHUTDOWN_GRACE"},
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},

@@ -76,6 +76,12 @@ func (s *Server) readBody(c echo.Context, malformed string) ([]byte, bool) {
 	for {
 		if len(buf) == cap(buf) {
 			grown := min(max(2*int64(cap(buf)), firstBodyChunk), ceiling)
+			if grown <= int64(cap(buf)) {
+				// The readers below end a body before ceiling bytes; should
+				// one ever not, refuse rather than read into no room forever.
+				s.refuse(c, reasonBodyTooLarge)
+				return nil, false
+			}
 			if !s.bodies.reserve(grown - int64(cap(buf))) {
 				s.metrics.bodyBudgetRefusals.Inc()
 				s.refuse(c, reasonUnavailable)
