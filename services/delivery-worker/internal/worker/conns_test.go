@@ -33,8 +33,9 @@ func TestFailingTenantKeepsOtherTenantsConnections(t *testing.T) {
 	}
 	failing, _ := serve(http.StatusBadGateway)
 	healthy, healthyConns := serve(http.StatusNoContent)
-	for tenant, srv := range map[string]*httptest.Server{"tfail": failing, "tok": healthy} {
-		e.endpoint(tenant, "orders", srv.URL+"/hook", "ep")
+	for i, tenant := range []string{"tfail", "tok"} {
+		srv := []*httptest.Server{failing, healthy}[i]
+		e.endpoint(tenant, "orders", srv.URL+"/hook", testRefs[i]) // a ref belongs to one tenant
 		_, seed := e.enqueue(tenant, "orders", 1) // one attempt: a 5xx is dead at once
 		e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
 		            max_attempts, budget, next_attempt_at)
