@@ -36,7 +36,7 @@ func TestFailingTenantKeepsOtherTenantsConnections(t *testing.T) {
 	for i, tenant := range []string{"tfail", "tok"} {
 		srv := []*httptest.Server{failing, healthy}[i]
 		e.endpoint(tenant, "orders", srv.URL+"/hook", testRefs[i]) // a ref belongs to one tenant
-		_, seed := e.enqueue(tenant, "orders", 1) // one attempt: a 5xx is dead at once
+		_, seed := e.enqueue(tenant, "orders", 1)                  // one attempt: a 5xx is dead at once
 		e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
 		            max_attempts, budget, next_attempt_at)
 		        SELECT tenant_id, 'msg_' || lpad(to_hex(g), 24, '0'), project_id, topic, endpoint_id, event_identity,
