@@ -163,9 +163,11 @@ func (rc *receiver) hits(id string) int {
 
 type opts struct {
 	concurrency, claimMax int
+	tenantMax             int // 0: the worker's default share
 	limit                 limiter.Policy
 	now                   func() time.Time
 	grace                 time.Duration
+	lease, httpTimeout    time.Duration // 0: 30s and 5s
 }
 
 // newWorker builds a worker on its own pool, delivering to loopback with a
@@ -173,12 +175,18 @@ type opts struct {
 func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	t.Helper()
 	st := storetest.Open(t, dsn)
+	if o.lease == 0 {
+		o.lease = 30 * time.Second
+	}
+	if o.httpTimeout == 0 {
+		o.httpTimeout = 5 * time.Second
+	}
 	set, err := secrets.Parse([]byte(`{"ep":["` + testSecret + `"]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	snd := sender.New(sender.Config{
-		Timeout: 5 * time.Second, AllowLoopback: true,
+		Timeout: o.httpTimeout, AllowLoopback: true,
 		Backoff: sender.Backoff{Base: time.Millisecond, Cap: 4 * time.Millisecond},
 		Secrets: secrets.NewCurrent(set).Lookup,
 	})
@@ -199,9 +207,9 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	}
 	m := NewMetrics(prometheus.NewRegistry())
 	w, err := New(Config{
-		Lease: 30 * time.Second, Concurrency: o.concurrency, ClaimMax: o.claimMax,
+		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
-	}, 5*time.Second, st, snd, lim, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
+	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,273 @@
+package worker
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// Contract §8.7: tenant A's endpoint hangs until the test ends (HTTP
+// timeout 30 s), so A holds its share of the worker (a quarter of 16 slots)
+// and no more; tenant B's 20 messages, enqueued after A's attempts hang,
+// are all delivered within 3 s. A's claims never exceed what it runs: the
+// rest of its backlog stays pending and untouched, claimable by any other
+// worker.
+func TestHangingTenantDelaysOnlyItself(t *testing.T) {
+	e := newEnv(t)
+	var hanging, most atomic.Int32
+	release := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := hanging.Add(1)
+		defer hanging.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hang.Close)
+	t.Cleanup(func() { close(release) }) // runs first: no handler outlives the server
+	fast := newReceiver(t, nil)
+	e.endpoint("ta", "orders", hang.URL+"/a", "ep")
+	e.endpoint("tb", "orders", fast.srv.URL+"/b", "ep")
+	_, seed := e.enqueue("ta", "orders", 12)
+	e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
+	            max_attempts, budget, next_attempt_at)
+	        SELECT tenant_id, 'msg_' || lpad(to_hex(g), 24, '0'), project_id, topic, endpoint_id, event_identity,
+	            max_attempts, budget, now()
+	        FROM outbox_messages, generate_series(1, 299) g WHERE message_id = $1`, seed[0])
+
+	const concurrency, share = 16, 4
+	w, m := newWorker(t, e.dsn, opts{concurrency: concurrency, lease: time.Minute, httpTimeout: 30 * time.Second,
+		grace: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	waitFor(t, 10*time.Second, "A's attempts to hang", func() bool { return hanging.Load() >= share })
+	time.Sleep(200 * time.Millisecond) // room for any claim beyond the share to show
+	if n := hanging.Load(); n != share {
+		t.Errorf("A has %d attempts hanging, want its share %d", n, share)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox_messages WHERE tenant_id = 'ta' AND status = 'delivering'`); n != share {
+		t.Errorf("A has %d messages leased, want %d (no more claimed than started)", n, share)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox_messages WHERE tenant_id = 'ta' AND status = 'pending' AND attempts = 0`); n != 300-share {
+		t.Errorf("A has %d messages pending and untouched, want %d", n, 300-share)
+	}
+
+	start := time.Now()
+	var ids []string
+	for range 20 {
+		_, id := e.enqueue("tb", "orders", 12)
+		ids = append(ids, id...)
+	}
+	delivered := func() int {
+		n := 0
+		for _, id := range ids {
+			if fast.hits(id) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	for delivered() < len(ids) && time.Since(start) < 3*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	if n := delivered(); n < len(ids) {
+		t.Fatalf("B: %d of %d delivered within 3 s of being enqueued while A's endpoint hangs", n, len(ids))
+	}
+	t.Logf("B's 20 messages delivered %v after the first was enqueued", took.Round(time.Millisecond))
+	if n := most.Load(); n != share {
+		t.Errorf("A had up to %d attempts at once, want %d", n, share)
+	}
+	if testutil.ToFloat64(m.tenantCapped) == 0 {
+		t.Error("skips of A at its share not counted")
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// noSlotsHeld fails unless every slot of w is free and no tenant is
+// accounted for.
+func noSlotsHeld(t *testing.T, w *Worker) {
+	t.Helper()
+	w.slots.mu.Lock()
+	defer w.slots.mu.Unlock()
+	if w.slots.inUse != 0 || len(w.slots.byTenant) != 0 {
+		t.Fatalf("slots held after every attempt ended: %d in use, by tenant %v", w.slots.inUse, w.slots.byTenant)
+	}
+}
+
+func TestSlotsShareAndTotal(t *testing.T) {
+	s := newSlots(6, 4)
+	ctx := context.Background()
+	if n := s.take(ctx, "a", 100); n != 4 {
+		t.Fatalf("a took %d, want its share 4", n)
+	}
+	if n := s.take(ctx, "a", 1); n != 0 || !s.atCap("a") {
+		t.Fatalf("a took %d more at its share", n)
+	}
+	if n := s.take(ctx, "b", 3); n != 2 {
+		t.Fatalf("b took %d, want the 2 left of 6", n)
+	}
+	// Every slot is taken: c waits for one (here until its context ends).
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	if n := s.take(short, "c", 1); n != 0 {
+		t.Fatalf("c took %d of no free slot", n)
+	}
+	cancel()
+	got := make(chan int)
+	go func() { got <- s.take(ctx, "c", 5) }()
+	time.Sleep(10 * time.Millisecond)
+	s.release("a", 3)
+	if n := <-got; n != 3 {
+		t.Fatalf("c took %d after a gave back 3, want 3", n)
+	}
+	if all, ofA := s.held("a"); all != 6 || ofA != 1 {
+		t.Fatalf("held %d, a %d; want 6 and 1", all, ofA)
+	}
+	s.release("a", 1)
+	s.release("b", 2)
+	s.release("c", 3)
+	if all, _ := s.held("a"); all != 0 || len(s.byTenant) != 0 {
+		t.Fatalf("after every release: %d in use, %v", all, s.byTenant)
+	}
+	// A share equal to the total is no bound.
+	s = newSlots(6, 6)
+	if n := s.take(ctx, "a", 100); n != 6 {
+		t.Fatalf("a took %d with the bound off, want 6", n)
+	}
+}
+
+// An attempt's slot comes back however the attempt ends, a panic included.
+func TestSlotsRunReleasesOnPanic(t *testing.T) {
+	s := newSlots(2, 1)
+	if s.take(context.Background(), "a", 1) != 1 {
+		t.Fatal("take")
+	}
+	func() {
+		defer func() { _ = recover() }()
+		s.run("a", func() { panic("attempt bug") })
+	}()
+	if all, ofA := s.held("a"); all != 0 || ofA != 0 {
+		t.Fatalf("a panicking attempt kept its slot: %d, %d", all, ofA)
+	}
+	select {
+	case <-s.freed:
+	default:
+		t.Fatal("the scheduler was not woken")
+	}
+}
+
+// Delivered, retried and dead attempts, and attempts of a claim that came
+// back short, all give their slots back.
+func TestSlotsReleasedAfterSettles(t *testing.T) {
+	e := newEnv(t)
+	answers := map[string]int{"/ok": http.StatusNoContent, "/retry": http.StatusInternalServerError, "/dead": http.StatusNotFound}
+	rc := newReceiver(t, func(r *http.Request, _ int) int { return answers[r.URL.Path] })
+	for tenant, path := range map[string]string{"t1": "/ok", "t2": "/retry", "t3": "/dead"} {
+		e.endpoint(tenant, "orders", rc.srv.URL+path, "ep")
+		for range 3 {
+			e.enqueue(tenant, "orders", 12)
+		}
+	}
+	w, m := newWorker(t, e.dsn, opts{concurrency: 8}) // share 2: claims of 2 then 1
+	cycle(t, w)
+	noSlotsHeld(t, w)
+	cycle(t, w)
+	noSlotsHeld(t, w)
+	if attempts(m, "delivered", "") != 3 || attempts(m, "dead", "http_4xx") != 3 || attempts(m, "retry", "http_5xx") < 3 {
+		t.Fatalf("attempts: delivered %d, dead %d, retry %d", attempts(m, "delivered", ""), attempts(m, "dead", "http_4xx"),
+			attempts(m, "retry", "http_5xx"))
+	}
+}
+
+// A claim that fails gives back every slot it took.
+func TestSlotsReleasedAfterFailedClaim(t *testing.T) {
+	e := newEnv(t)
+	w, m := newWorker(t, e.dsn, opts{concurrency: 8})
+	if err := w.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	if _, _, err := w.claimAndStart(context.Background(), context.Background(), "t1", &wg); err == nil {
+		t.Fatal("claim on a closed store succeeded")
+	}
+	noSlotsHeld(t, w)
+	if testutil.ToFloat64(m.storeErrors.WithLabelValues("claim")) != 1 {
+		t.Fatal("claim failure not counted")
+	}
+}
+
+// Lease loss and shutdown past the grace period end attempts without a
+// settle; their slots come back too.
+func TestSlotsReleasedWithoutSettle(t *testing.T) {
+	t.Run("lease lost", func(t *testing.T) {
+		e := newEnv(t)
+		var skew atomic.Int64
+		rc := newReceiver(t, func(*http.Request, int) int {
+			skew.Store(int64(time.Hour))
+			return http.StatusOK
+		})
+		e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
+		_, ids := e.enqueue("t1", "orders", 12)
+		w, m := newWorker(t, e.dsn, opts{now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+		cycle(t, w)
+		if attempts(m, "lease_lost", "") != 1 || e.status("t1", ids[0]).Status != store.StatusDelivering {
+			t.Fatal("the attempt did not lose its lease")
+		}
+		noSlotsHeld(t, w)
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		e := newEnv(t)
+		arrived := make(chan struct{}, 1)
+		rc := newReceiver(t, func(r *http.Request, _ int) int {
+			arrived <- struct{}{}
+			<-r.Context().Done()
+			return http.StatusOK
+		})
+		e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
+		e.enqueue("t1", "orders", 12)
+		w, m := newWorker(t, e.dsn, opts{grace: time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = w.Run(ctx)
+		}()
+		<-arrived
+		cancel()
+		<-done
+		if attempts(m, "aborted", "") != 1 {
+			t.Fatal("the attempt was not cancelled")
+		}
+		noSlotsHeld(t, w)
+	})
+}

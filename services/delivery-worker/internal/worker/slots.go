@@ -1,0 +1,115 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// DefaultTenantMaxInflight is a tenant's share of a worker's attempt slots
+// when DELIVERY_TENANT_MAX_INFLIGHT is not set (contract §8.7): a quarter of
+// concurrency, at least 1. Four tenants whose endpoints hang can fill a
+// worker; one cannot.
+func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4) }
+
+// slots accounts for the attempts a worker runs: at most total at once, and
+// at most perTenant of them for any one tenant. Only the scheduler takes
+// slots; every attempt gives its own back when it ends, whatever way it
+// ends, and wakes the scheduler.
+//
+// A slot is taken before the claim, for exactly the messages the claim may
+// return, so a claimed message always has a slot to start in at once:
+// nothing leased waits in this process for a tenant's earlier attempts, and
+// a tenant over its share is not claimed at all (its backlog stays
+// claimable by other replicas).
+type slots struct {
+	total, perTenant int
+
+	mu       sync.Mutex
+	inUse    int
+	byTenant map[string]int
+	freed    chan struct{} // capacity 1: "a slot came free since you last looked"
+}
+
+func newSlots(total, perTenant int) *slots {
+	return &slots{total: total, perTenant: perTenant, byTenant: map[string]int{}, freed: make(chan struct{}, 1)}
+}
+
+// take reserves up to want slots for tenant. It returns 0 at once when the
+// tenant already holds its share; otherwise it waits until at least one of
+// the worker's slots is free (or ctx ends: 0) and takes as many as both
+// limits allow.
+func (s *slots) take(ctx context.Context, tenant string, want int) int {
+	for {
+		s.mu.Lock()
+		room := s.perTenant - s.byTenant[tenant]
+		if room <= 0 {
+			s.mu.Unlock()
+			return 0
+		}
+		if n := min(want, room, s.total-s.inUse); n > 0 {
+			s.inUse += n
+			s.byTenant[tenant] += n
+			s.mu.Unlock()
+			return n
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.freed:
+		case <-ctx.Done():
+			return 0
+		}
+	}
+}
+
+// atCap reports whether tenant holds its whole share.
+func (s *slots) atCap(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byTenant[tenant] >= s.perTenant
+}
+
+// release gives back n slots of tenant.
+func (s *slots) release(tenant string, n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	s.inUse -= n
+	if left := s.byTenant[tenant] - n; left > 0 {
+		s.byTenant[tenant] = left
+	} else {
+		delete(s.byTenant, tenant) // the map holds only tenants with attempts running
+	}
+	s.mu.Unlock()
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
+}
+
+// run runs one attempt of tenant in a slot taken for it and gives the slot
+// back however fn ends (it returns, its context is cancelled, it panics).
+func (s *slots) run(tenant string, fn func()) {
+	defer s.release(tenant, 1)
+	fn()
+}
+
+// waitFreed waits until a slot comes free, d passes or ctx ends.
+func (s *slots) waitFreed(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.freed:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// held reports the slots in use in all and by tenant (tests, and the
+// scheduler's view in one lock).
+func (s *slots) held(tenant string) (all, ofTenant int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse, s.byTenant[tenant]
+}
