@@ -126,12 +126,12 @@ func noSlotsHeld(t *testing.T, w *Worker) {
 }
 
 func TestSlotsShareAndTotal(t *testing.T) {
-	s := newSlots(6, 4)
+	s := newSlots(6, 4, 100)
 	ctx := context.Background()
 	if n := s.take(ctx, "a", 100); n != 4 {
 		t.Fatalf("a took %d, want its share 4", n)
 	}
-	if n := s.take(ctx, "a", 1); n != 0 || !s.atCap("a") {
+	if n := s.take(ctx, "a", 1); n != 0 || !s.full("a") {
 		t.Fatalf("a took %d more at its share", n)
 	}
 	if n := s.take(ctx, "b", 3); n != 2 {
@@ -159,8 +159,20 @@ func TestSlotsShareAndTotal(t *testing.T) {
 	if all, _ := s.held("a"); all != 0 || len(s.byTenant) != 0 {
 		t.Fatalf("after every release: %d in use, %v", all, s.byTenant)
 	}
+	// A tenant with attempts running waits until half a claim of its share
+	// (here 2) is free, then takes what is free.
+	s = newSlots(10, 4, 100)
+	s.take(ctx, "a", 4)
+	s.release("a", 1)
+	if n := s.take(ctx, "a", 4); n != 0 || !s.full("a") {
+		t.Fatalf("a took %d with 3 of 4 running", n)
+	}
+	s.release("a", 1)
+	if n := s.take(ctx, "a", 4); n != 2 || s.full("b") {
+		t.Fatalf("a took %d with 2 of 4 running, want 2", n)
+	}
 	// A share equal to the total is no bound.
-	s = newSlots(6, 6)
+	s = newSlots(6, 6, 100)
 	if n := s.take(ctx, "a", 100); n != 6 {
 		t.Fatalf("a took %d with the bound off, want 6", n)
 	}
@@ -168,7 +180,7 @@ func TestSlotsShareAndTotal(t *testing.T) {
 
 // An attempt's slot comes back however the attempt ends, a panic included.
 func TestSlotsRunReleasesOnPanic(t *testing.T) {
-	s := newSlots(2, 1)
+	s := newSlots(2, 1, 100)
 	if s.take(context.Background(), "a", 1) != 1 {
 		t.Fatal("take")
 	}

@@ -27,9 +27,9 @@
 // slots keep serving everyone else. The share bounds the claim itself (a
 // claim asks for at most the tenant's free share), so a blocked tenant's
 // backlog is never leased by a worker that could not start it; the
-// scheduler skips a tenant that holds its share without taking a limiter
-// token, and when every tenant it knows of is at its share it waits for an
-// attempt to end rather than for the poll interval.
+// scheduler skips a tenant that holds its share (or nearly: see slots)
+// without taking a limiter token, and when every tenant it knows of is so
+// it waits for an attempt to end rather than for the poll interval.
 //
 // # Leases
 //
@@ -159,7 +159,7 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 		return nil, err
 	}
 	return &Worker{cfg: cfg, store: st, sender: snd, limiter: lim, log: log, m: m,
-		slots: newSlots(cfg.Concurrency, cfg.TenantMaxInflight)}, nil
+		slots: newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax)}, nil
 }
 
 // Run delivers until ctx ends, then stops claiming and gives in-flight
@@ -262,7 +262,7 @@ func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight 
 		if ctx.Err() != nil {
 			return total, again, capped, nil
 		}
-		if w.slots.atCap(tenant) {
+		if w.slots.full(tenant) {
 			// Before the limiter: a claim that cannot happen takes no token.
 			w.m.tenantCapped.Inc()
 			again = append(again, tenant)
