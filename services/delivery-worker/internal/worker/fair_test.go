@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
 // Contract §8.7: tenant A's endpoint hangs until the test ends (HTTP
@@ -49,16 +47,7 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 	const concurrency, share = 16, 4
 	w, m := newWorker(t, e.dsn, opts{concurrency: concurrency, lease: time.Minute, httpTimeout: 30 * time.Second,
 		grace: 50 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(ctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	defer start(w)()
 
 	waitFor(t, 10*time.Second, "A's attempts to hang", func() bool { return hanging.Load() >= share })
 	time.Sleep(200 * time.Millisecond) // room for any claim beyond the share to show
@@ -72,7 +61,7 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 		t.Errorf("A has %d messages pending and untouched, want %d", n, 300-share)
 	}
 
-	start := time.Now()
+	began := time.Now()
 	var ids []string
 	for range 20 {
 		_, id := e.enqueue("tb", "orders", 12)
@@ -87,10 +76,10 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 		}
 		return n
 	}
-	for delivered() < len(ids) && time.Since(start) < 3*time.Second {
+	for delivered() < len(ids) && time.Since(began) < 3*time.Second {
 		time.Sleep(5 * time.Millisecond)
 	}
-	took := time.Since(start)
+	took := time.Since(began)
 	if n := delivered(); n < len(ids) {
 		t.Fatalf("B: %d of %d delivered within 3 s of being enqueued while A's endpoint hangs", n, len(ids))
 	}
@@ -186,7 +175,7 @@ func TestSlotsRunReleasesOnPanic(t *testing.T) {
 	}
 	func() {
 		defer func() { _ = recover() }()
-		s.run("a", func() { panic("attempt bug") })
+		s.run("a", func(func()) { panic("attempt bug") })
 	}()
 	if all, ofA := s.held("a"); all != 0 || ofA != 0 {
 		t.Fatalf("a panicking attempt kept its slot: %d, %d", all, ofA)
@@ -195,6 +184,28 @@ func TestSlotsRunReleasesOnPanic(t *testing.T) {
 	case <-s.freed:
 	default:
 		t.Fatal("the scheduler was not woken")
+	}
+}
+
+// The share comes back when the endpoint has answered, the worker's slot
+// when the attempt is settled.
+func TestSlotsShareEndsAtTheAnswer(t *testing.T) {
+	s := newSlots(2, 1, 100)
+	if s.take(context.Background(), "a", 1) != 1 {
+		t.Fatal("take")
+	}
+	s.run("a", func(answered func()) {
+		if all, ofA := s.held("a"); all != 1 || ofA != 1 || !s.full("a") {
+			t.Fatalf("sending: %d, %d", all, ofA)
+		}
+		answered()
+		answered() // once only
+		if all, ofA := s.held("a"); all != 1 || ofA != 0 || s.full("a") {
+			t.Fatalf("settling: %d held, a %d; want the worker's slot only", all, ofA)
+		}
+	})
+	if all, ofA := s.held("a"); all != 0 || ofA != 0 {
+		t.Fatalf("after: %d, %d", all, ofA)
 	}
 }
 
@@ -236,50 +247,4 @@ func TestSlotsReleasedAfterFailedClaim(t *testing.T) {
 	if testutil.ToFloat64(m.storeErrors.WithLabelValues("claim")) != 1 {
 		t.Fatal("claim failure not counted")
 	}
-}
-
-// Lease loss and shutdown past the grace period end attempts without a
-// settle; their slots come back too.
-func TestSlotsReleasedWithoutSettle(t *testing.T) {
-	t.Run("lease lost", func(t *testing.T) {
-		e := newEnv(t)
-		var skew atomic.Int64
-		rc := newReceiver(t, func(*http.Request, int) int {
-			skew.Store(int64(time.Hour))
-			return http.StatusOK
-		})
-		e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
-		_, ids := e.enqueue("t1", "orders", 12)
-		w, m := newWorker(t, e.dsn, opts{now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
-		cycle(t, w)
-		if attempts(m, "lease_lost", "") != 1 || e.status("t1", ids[0]).Status != store.StatusDelivering {
-			t.Fatal("the attempt did not lose its lease")
-		}
-		noSlotsHeld(t, w)
-	})
-	t.Run("cancelled", func(t *testing.T) {
-		e := newEnv(t)
-		arrived := make(chan struct{}, 1)
-		rc := newReceiver(t, func(r *http.Request, _ int) int {
-			arrived <- struct{}{}
-			<-r.Context().Done()
-			return http.StatusOK
-		})
-		e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
-		e.enqueue("t1", "orders", 12)
-		w, m := newWorker(t, e.dsn, opts{grace: time.Millisecond})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = w.Run(ctx)
-		}()
-		<-arrived
-		cancel()
-		<-done
-		if attempts(m, "aborted", "") != 1 {
-			t.Fatal("the attempt was not cancelled")
-		}
-		noSlotsHeld(t, w)
-	})
 }

@@ -216,6 +216,21 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	return w, m
 }
 
+// start runs w until the returned stop is called; stop returns once Run
+// has.
+func start(w *Worker) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // cycle runs one scheduler cycle and waits for its attempts to settle.
 func cycle(t *testing.T, w *Worker) int {
 	t.Helper()

@@ -24,7 +24,9 @@
 // No tenant holds more than TenantMaxInflight of the worker's slots
 // (DELIVERY_TENANT_MAX_INFLIGHT, contract §8.7), so a tenant whose endpoint
 // hangs until the HTTP timeout ties up its share and no more: the other
-// slots keep serving everyone else. The share bounds the claim itself (a
+// slots keep serving everyone else. The share counts an attempt from its
+// claim until the endpoint answers; settling it holds only the worker's
+// slot (see slots). The share bounds the claim itself (a
 // claim asks for at most the tenant's free share), so a blocked tenant's
 // backlog is never leased by a worker that could not start it; the
 // scheduler skips a tenant that holds its share (or nearly: see slots)
@@ -337,7 +339,7 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 				w.m.inFlight.Dec()
 				inflight.Done()
 			}()
-			w.slots.run(tenant, func() { w.Attempt(workCtx, c, deadline) })
+			w.slots.run(tenant, func(answered func()) { w.attempt(workCtx, c, deadline, answered) })
 		}()
 	}
 	return len(claimed), held, nil
@@ -346,11 +348,18 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 // Attempt sends one claimed message and settles the outcome, unless the
 // lease deadline has passed or ctx ended first.
 func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Time) {
+	w.attempt(ctx, c, deadline, func() {})
+}
+
+// attempt is Attempt, calling answered as soon as the request has ended,
+// before the outcome is settled.
+func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Time, answered func()) {
 	sendBy := deadline.Add(-w.cfg.settleMargin())
 	actx, cancel := context.WithDeadline(ctx, sendBy)
 	defer cancel()
 	start := time.Now()
 	res, err := w.sender.Send(actx, sender.Message{ID: c.MessageID, URL: c.URL, SecretRef: c.SecretRef, Body: c.Body})
+	answered()
 	elapsed := time.Since(start).Seconds()
 	if err != nil {
 		// Shutdown past the grace period, or the attempt ran into the
