@@ -167,6 +167,37 @@ func TestSlotsShareAndTotal(t *testing.T) {
 	}
 }
 
+// A scheduler whose tenants are all full sleeps through answers that leave
+// them full and wakes at the first that gives one room.
+func TestSlotsWaitRoom(t *testing.T) {
+	s := newSlots(10, 4, 100) // refill 2
+	ctx := context.Background()
+	s.take(ctx, "a", 4)
+	woke := make(chan struct{})
+	go func() {
+		s.waitRoom(ctx, []string{"a"}, time.Minute)
+		close(woke)
+	}()
+	s.release("a", 1) // 3 of 4 running: still full
+	select {
+	case <-woke:
+		t.Fatal("woke while a was still full")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.release("a", 1)
+	select {
+	case <-woke:
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not wake when a had room")
+	}
+	start := time.Now()
+	s.take(ctx, "b", 4)
+	s.waitRoom(ctx, []string{"b"}, 20*time.Millisecond)
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("returned before its time with b full")
+	}
+}
+
 // An attempt's slot comes back however the attempt ends, a panic included.
 func TestSlotsRunReleasesOnPanic(t *testing.T) {
 	s := newSlots(2, 1, 100)

@@ -139,14 +139,29 @@ func (s *slots) run(tenant string, fn func(answered func())) {
 	fn(answered)
 }
 
-// waitFreed waits until a slot comes free, d passes or ctx ends.
-func (s *slots) waitFreed(ctx context.Context, d time.Duration) {
+// waitRoom waits until one of tenants may be claimed again (it is no longer
+// full), d passes or ctx ends. Waking only then, not at every attempt's end,
+// keeps a scheduler whose tenants are all full from going round (and
+// listing due tenants) once per answer.
+func (s *slots) waitRoom(ctx context.Context, tenants []string, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-s.freed:
-	case <-t.C:
-	case <-ctx.Done():
+	for {
+		s.mu.Lock()
+		for _, tenant := range tenants {
+			if !s.fullLocked(tenant) {
+				s.mu.Unlock()
+				return
+			}
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.freed:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

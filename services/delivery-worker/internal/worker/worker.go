@@ -207,8 +207,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.sleep(ctx, w.cfg.PollInterval)
 		case n == 0:
 			// Due work only of tenants at their share: it can start when
-			// one of their attempts ends.
-			w.slots.waitFreed(ctx, w.cfg.PollInterval)
+			// one of them has room again.
+			w.slots.waitRoom(ctx, tenants, w.cfg.PollInterval)
 		}
 	}
 
