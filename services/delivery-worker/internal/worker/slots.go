@@ -22,7 +22,7 @@ func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4
 // stretches. The worker's slot is held on until the outcome is settled,
 // which takes a group commit shared by every tenant and is the same for
 // all of them. Holding the share through the settle too made one tenant
-// alone against a fast endpoint lose 40-50% of its throughput (bench: the
+// alone against a fast endpoint lose 30-50% of its throughput (bench: the
 // share's slots waited on commits, not on the endpoint); a tenant still
 // never has more than its share of requests outstanding.
 //
