@@ -9,6 +9,8 @@
 #                             goes out while the previous 100 settle)
 #   BENCH_SHARES="default"    DELIVERY_TENANT_MAX_INFLIGHT values, each its own run: "default" (unset: a
 #                             quarter of the concurrency), "off" (= the concurrency) or a number
+#   BENCH_POLL=10ms           DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most
+#                             every min(this, 100ms); the worker's default is 500ms)
 #   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
 #                             compared settings alternate on a machine whose load drifts
 #
@@ -28,6 +30,7 @@ workers_list=${BENCH_WORKERS:-"1 2"}
 concurrency=${BENCH_CONCURRENCY:-200}
 shares=${BENCH_SHARES:-default}
 rounds=${BENCH_ROUNDS:-1}
+poll=${BENCH_POLL:-10ms}
 for s in $shares; do
 	case $s in
 	default | off) ;;
@@ -78,7 +81,7 @@ for r in $(seq "$rounds"); do
 			"$bindir/envctl" migrate --database-url "$dsn" >&2
 			log "round $r: $w worker(s), $messages messages, concurrency $concurrency, tenant share $s"
 			out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
-				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --messages "$messages")
+				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages")
 			log "$out"
 			row "$r" "$w" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
 				"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
@@ -90,5 +93,5 @@ for r in $(seq "$rounds"); do
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, shares: $shares)"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares)"
 printf '%s\n' "${rows[@]}"

@@ -42,6 +42,7 @@ type Config struct {
 	Workers      int           // worker processes
 	Concurrency  int           // DELIVERY_CONCURRENCY of each
 	TenantShare  int           // DELIVERY_TENANT_MAX_INFLIGHT of each (0: the worker's default)
+	PollInterval time.Duration // DELIVERY_POLL_INTERVAL of each
 	Messages     int           // backlog size
 	PayloadBytes int           // body padding
 	Timeout      time.Duration // bound on the worker drain
@@ -77,6 +78,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs.IntVar(&c.Workers, "workers", 1, "delivery-worker processes")
 	fs.IntVar(&c.Concurrency, "concurrency", 200, "DELIVERY_CONCURRENCY of each worker")
 	fs.IntVar(&c.TenantShare, "tenant-max-inflight", 0, "DELIVERY_TENANT_MAX_INFLIGHT of each worker (0: its default, a quarter of the concurrency)")
+	fs.DurationVar(&c.PollInterval, "poll-interval", 10*time.Millisecond, "DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most every min(this, 100ms))")
 	fs.IntVar(&c.Messages, "messages", 20000, "backlog size")
 	fs.IntVar(&c.PayloadBytes, "payload-bytes", 1000, "body padding (about 1 KiB bodies)")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Minute, "bound on the worker drain")
@@ -87,7 +89,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		return 2
 	}
 	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 ||
-		c.TenantShare < 0 || c.TenantShare > c.Concurrency {
+		c.TenantShare < 0 || c.TenantShare > c.Concurrency || c.PollInterval <= 0 {
 		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required; --tenant-max-inflight is 0 to --concurrency")
 		return 2
 	}
@@ -210,7 +212,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	env := []string{
 		"DATABASE_URL=" + c.DatabaseURL, "METRICS_ADDR=127.0.0.1:0", "WEBHOOK_SECRETS_FILE=" + secretsFile,
 		"DELIVERY_ALLOW_INSECURE_LOOPBACK=true", "DELIVERY_CONCURRENCY=" + strconv.Itoa(c.Concurrency),
-		"DELIVERY_LIMIT_TOKENS=1800000", "DELIVERY_LIMIT_INTERVAL=1h", "DELIVERY_POLL_INTERVAL=10ms",
+		"DELIVERY_LIMIT_TOKENS=1800000", "DELIVERY_LIMIT_INTERVAL=1h", "DELIVERY_POLL_INTERVAL=" + c.PollInterval.String(),
 		"DB_MAX_OPEN_CONNS=8", "LOG_LEVEL=warn", "PATH=" + os.Getenv("PATH"),
 	}
 	if c.TenantShare > 0 {

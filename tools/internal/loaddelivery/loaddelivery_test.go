@@ -28,6 +28,7 @@ func TestMainRefusesIncompleteCommandLines(t *testing.T) {
 		{"--worker-bin", "w", "--database-url", "d", "--concurrency", "0"},
 		{"--worker-bin", "w", "--database-url", "d", "--concurrency", "16", "--tenant-max-inflight", "17"},
 		{"--worker-bin", "w", "--database-url", "d", "--tenant-max-inflight", "-1"},
+		{"--worker-bin", "w", "--database-url", "d", "--poll-interval", "0s"},
 		{"--no-such-flag"},
 	} {
 		var out, errw bytes.Buffer
