@@ -7,6 +7,15 @@
 #   BENCH_WORKERS="1 2"       worker processes per run (one run each, fresh database each)
 #   BENCH_CONCURRENCY=200     DELIVERY_CONCURRENCY of each worker (2x the claim: the next claim of 100
 #                             goes out while the previous 100 settle)
+#   BENCH_SHARES="default"    DELIVERY_TENANT_MAX_INFLIGHT values, each its own run: "default" (unset: a
+#                             quarter of the concurrency), "off" (= the concurrency) or a number
+#   BENCH_POLL=10ms           DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most
+#                             every min(this, 100ms); the worker's default is 500ms)
+#   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
+#                             compared settings alternate on a machine whose load drifts
+#
+#   BENCH_SHARES="default off" BENCH_WORKERS=1 BENCH_ROUNDS=5 scripts/bench-delivery.sh
+#                             one tenant against a fast sink with the tenant share on and off
 #
 # It ensures PostgreSQL (scripts/pg.sh), builds envctl, delivery-worker and loadgen-delivery into
 # .tmp/bin, and for each worker count makes a fresh database envelopeworker_bench_delivery, migrates it
@@ -19,6 +28,17 @@ script_name=bench-delivery.sh
 messages=${BENCH_MESSAGES:-10000}
 workers_list=${BENCH_WORKERS:-"1 2"}
 concurrency=${BENCH_CONCURRENCY:-200}
+shares=${BENCH_SHARES:-default}
+rounds=${BENCH_ROUNDS:-1}
+poll=${BENCH_POLL:-10ms}
+for s in $shares; do
+	case $s in
+	default | off) ;;
+	*) [[ $s =~ ^[0-9]+$ ]] && [ "$s" -ge 1 ] && [ "$s" -le "$concurrency" ] ||
+		die "BENCH_SHARES: $s is not default, off or 1..$concurrency" ;;
+	esac
+done
+[[ $rounds =~ ^[0-9]+$ ]] && [ "$rounds" -ge 1 ] || die "BENCH_ROUNDS must be a positive integer"
 need psql "install the PostgreSQL client (Debian: postgresql-client)"
 need go "install Go 1.26"
 
@@ -46,22 +66,32 @@ log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 
 field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9.e+-]+).*/\1/p'; }
 rows=()
-row() { rows+=("$(printf '%-8s %12s %14s %8s %9s %9s %9s %6s' "$@")"); }
-row "workers" "raw rows/s" "worker msgs/s" "ratio" "p50 ms" "p99 ms" "max ms" "load"
-for w in $workers_list; do
-	fresh_db "$admin" "$db"
-	dsn=$(dsn_with_db "$admin" "$db")
-	"$bindir/envctl" migrate --database-url "$dsn" >&2
-	log "$w worker(s), $messages messages, concurrency $concurrency"
-	out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
-		--workers "$w" --concurrency "$concurrency" --messages "$messages")
-	log "$out"
-	row "$w" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
-		"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
-		"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" latency_p50_ms)" \
-		"$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" "$(field "$out" load_average_1m)"
+row() { rows+=("$(printf '%-6s %-8s %-8s %12s %14s %8s %9s %9s %9s %9s %6s' "$@")"); }
+row "round" "workers" "share" "raw rows/s" "worker msgs/s" "ratio" "sink max" "p50 ms" "p99 ms" "max ms" "load"
+for r in $(seq "$rounds"); do
+	for w in $workers_list; do
+		for s in $shares; do
+			case $s in
+			default) share=0 ;;
+			off) share=$concurrency ;;
+			*) share=$s ;;
+			esac
+			fresh_db "$admin" "$db"
+			dsn=$(dsn_with_db "$admin" "$db")
+			"$bindir/envctl" migrate --database-url "$dsn" >&2
+			log "round $r: $w worker(s), $messages messages, concurrency $concurrency, tenant share $s"
+			out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
+				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages")
+			log "$out"
+			row "$r" "$w" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
+				"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
+				"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
+				"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
+				"$(field "$out" load_average_1m)"
+		done
+	done
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency)"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares)"
 printf '%s\n' "${rows[@]}"

@@ -41,6 +41,8 @@ type Config struct {
 	WorkerBin    string        // delivery-worker binary
 	Workers      int           // worker processes
 	Concurrency  int           // DELIVERY_CONCURRENCY of each
+	TenantShare  int           // DELIVERY_TENANT_MAX_INFLIGHT of each (0: the worker's default)
+	PollInterval time.Duration // DELIVERY_POLL_INTERVAL of each
 	Messages     int           // backlog size
 	PayloadBytes int           // body padding
 	Timeout      time.Duration // bound on the worker drain
@@ -51,6 +53,7 @@ type Report struct {
 	Messages        int     `json:"messages"`
 	Workers         int     `json:"workers"`
 	Concurrency     int     `json:"concurrency"`
+	TenantShare     int     `json:"tenant_max_inflight"` // 0: the worker's default
 	BodyBytes       int     `json:"body_bytes"`
 	RawRowsPerSec   float64 `json:"raw_rows_per_second"`
 	WorkerPerSec    float64 `json:"worker_deliveries_per_second"`
@@ -60,6 +63,7 @@ type Report struct {
 	LatencyP99ms    float64 `json:"latency_p99_ms"`
 	LatencyMaxms    float64 `json:"latency_max_ms"`
 	DuplicateHits   int     `json:"duplicate_receipts"`
+	SinkMaxInFlight int     `json:"sink_max_in_flight"` // most requests the sink held at once
 	DeliveredInDB   int     `json:"delivered_in_db"`
 	LoadAverage1Min string  `json:"load_average_1m"`
 }
@@ -74,6 +78,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs.StringVar(&c.WorkerBin, "worker-bin", "", "path of the built delivery-worker binary")
 	fs.IntVar(&c.Workers, "workers", 1, "delivery-worker processes")
 	fs.IntVar(&c.Concurrency, "concurrency", 200, "DELIVERY_CONCURRENCY of each worker")
+	fs.IntVar(&c.TenantShare, "tenant-max-inflight", 0, "DELIVERY_TENANT_MAX_INFLIGHT of each worker (0: its default, a quarter of the concurrency)")
+	fs.DurationVar(&c.PollInterval, "poll-interval", 10*time.Millisecond, "DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most every min(this, 100ms))")
 	fs.IntVar(&c.Messages, "messages", 20000, "backlog size")
 	fs.IntVar(&c.PayloadBytes, "payload-bytes", 1000, "body padding (about 1 KiB bodies)")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Minute, "bound on the worker drain")
@@ -86,8 +92,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = getenv("DATABASE_URL")
 	}
-	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 {
-		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required")
+	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 ||
+		c.TenantShare < 0 || c.TenantShare > c.Concurrency || c.PollInterval <= 0 {
+		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required; --tenant-max-inflight is 0 to --concurrency")
 		return 2
 	}
 	rep, err := Run(ctx, c, stderr)
@@ -100,16 +107,29 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	return 0
 }
 
-// sink answers 204 and records the first receipt time of each webhook-id.
+// sink answers 204 and records the first receipt time of each webhook-id
+// and the most requests it held at once (one tenant: at most its share of
+// each worker).
 type sink struct {
-	mu    sync.Mutex
-	first map[string]time.Time
-	dups  int
-	want  int
-	done  chan struct{}
+	mu          sync.Mutex
+	first       map[string]time.Time
+	dups        int
+	want        int
+	done        chan struct{}
+	inFlight    int
+	maxInFlight int
 }
 
 func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.inFlight++
+	s.maxInFlight = max(s.maxInFlight, s.inFlight)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
 	_, _ = io.Copy(io.Discard, r.Body)
 	now := time.Now()
 	id := r.Header.Get("webhook-id")
@@ -155,7 +175,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Messages: c.Messages, Workers: c.Workers, Concurrency: c.Concurrency, BodyBytes: body}
+	rep := Report{Messages: c.Messages, Workers: c.Workers, Concurrency: c.Concurrency, TenantShare: c.TenantShare, BodyBytes: body}
 	if err := vacuum(ctx, st); err != nil {
 		return Report{}, err
 	}
@@ -196,8 +216,11 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	env := []string{
 		"DATABASE_URL=" + c.DatabaseURL, "METRICS_ADDR=127.0.0.1:0", "WEBHOOK_SECRETS_FILE=" + secretsFile,
 		"DELIVERY_ALLOW_INSECURE_LOOPBACK=true", "DELIVERY_CONCURRENCY=" + strconv.Itoa(c.Concurrency),
-		"DELIVERY_LIMIT_TOKENS=1000000", "DELIVERY_LIMIT_INTERVAL=1s", "DELIVERY_POLL_INTERVAL=10ms",
+		"DELIVERY_LIMIT_TOKENS=1000000", "DELIVERY_LIMIT_INTERVAL=1s", "DELIVERY_POLL_INTERVAL=" + c.PollInterval.String(),
 		"DB_MAX_OPEN_CONNS=8", "LOG_LEVEL=warn", "PATH=" + os.Getenv("PATH"),
+	}
+	if c.TenantShare > 0 {
+		env = append(env, "DELIVERY_TENANT_MAX_INFLIGHT="+strconv.Itoa(c.TenantShare))
 	}
 	fmt.Fprintf(logw, "starting %d worker(s)\n", c.Workers)
 	var procs []*exec.Cmd
@@ -232,6 +255,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		times = append(times, t)
 	}
 	rep.DuplicateHits = snk.dups
+	rep.SinkMaxInFlight = snk.maxInFlight
 	snk.mu.Unlock()
 	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
 	// From the first receipt to the last: process start-up is not delivery.

@@ -26,6 +26,9 @@ func TestMainRefusesIncompleteCommandLines(t *testing.T) {
 		{"--worker-bin", "w", "--database-url", "d", "--workers", "0"},
 		{"--worker-bin", "w", "--database-url", "d", "--messages", "1"},
 		{"--worker-bin", "w", "--database-url", "d", "--concurrency", "0"},
+		{"--worker-bin", "w", "--database-url", "d", "--concurrency", "16", "--tenant-max-inflight", "17"},
+		{"--worker-bin", "w", "--database-url", "d", "--tenant-max-inflight", "-1"},
+		{"--worker-bin", "w", "--database-url", "d", "--poll-interval", "0s"},
 		{"--no-such-flag"},
 	} {
 		var out, errw bytes.Buffer
@@ -53,7 +56,8 @@ func TestHelpHidesDatabaseURL(t *testing.T) {
 }
 
 // A small end-to-end run: the built worker drains the backlog once, every
-// message reaches the sink once and ends delivered.
+// message reaches the sink once and ends delivered, and the one tenant never
+// has more than its share in flight.
 func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "delivery-worker")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -64,7 +68,7 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	var out bytes.Buffer
 	code := Main(context.Background(), []string{"--database-url", dsn, "--worker-bin", bin, "--messages", "300",
-		"--concurrency", "16", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
+		"--concurrency", "16", "--tenant-max-inflight", "3", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -74,6 +78,9 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	}
 	if rep.Messages != 300 || rep.DeliveredInDB != 300 || rep.DuplicateHits != 0 || rep.BodyBytes < 1000 {
 		t.Fatalf("report %+v: want 300 delivered once, ~1 KiB bodies", rep)
+	}
+	if rep.TenantShare != 3 || rep.SinkMaxInFlight < 1 || rep.SinkMaxInFlight > 3 {
+		t.Fatalf("report %+v: want share 3 and 1-3 requests at once at the sink", rep)
 	}
 	if rep.RawRowsPerSec <= 0 || rep.WorkerPerSec <= 0 || rep.WorkerVsRaw <= 0 {
 		t.Fatalf("report %+v: rates must be positive", rep)

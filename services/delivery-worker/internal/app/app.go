@@ -91,13 +91,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	reg := worker.NewRegistry()
 	m := worker.NewMetrics(reg)
 	w, err := worker.New(worker.Config{
-		Lease:         cfg.Lease,
-		Concurrency:   cfg.Concurrency,
-		ClaimMax:      cfg.ClaimSize,
-		PollInterval:  cfg.PollInterval,
-		Grace:         cfg.ShutdownGrace,
-		StoreTimeout:  cfg.StoreTimeout,
-		StatsInterval: 15 * time.Second,
+		Lease:             cfg.Lease,
+		Concurrency:       cfg.Concurrency,
+		TenantMaxInflight: cfg.TenantMaxInflight,
+		ClaimMax:          cfg.ClaimSize,
+		PollInterval:      cfg.PollInterval,
+		Grace:             cfg.ShutdownGrace,
+		StoreTimeout:      cfg.StoreTimeout,
+		StatsInterval:     15 * time.Second,
 	}, cfg.HTTPTimeout, st, snd, lim, log, m)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/worker"
 )
 
 // ErrInvalid reports a setting that cannot be used; the message names it.
@@ -32,6 +33,7 @@ type Config struct {
 	HTTPTimeout           time.Duration
 	AllowInsecureLoopback bool
 	Concurrency           int
+	TenantMaxInflight     int
 	ClaimSize             int
 	LimitTokens           uint64
 	LimitInterval         time.Duration
@@ -70,6 +72,8 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		DBMaxOpenConns:        8,
 		LogLevel:              "info",
 	}
+	// Unset until given: its default follows DELIVERY_CONCURRENCY.
+	var tenantMax optionalInt
 	settings := []setting{
 		{"DATABASE_URL", "PostgreSQL DSN (required; never printed)", (*secretValue)(&c.DatabaseURL)},
 		{"METRICS_ADDR", "listen address of /metrics, /healthz and /readyz", (*stringValue)(&c.MetricsAddr)},
@@ -81,6 +85,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"DELIVERY_HTTP_TIMEOUT", "timeout of one HTTP attempt; shortened to 72% of DELIVERY_LEASE when it does not fit under 4/5 of it", (*durationValue)(&c.HTTPTimeout)},
 		{"DELIVERY_ALLOW_INSECURE_LOOPBACK", "allow loopback endpoints, and plain http to them only (local runs, tests)", (*boolValue)(&c.AllowInsecureLoopback)},
 		{"DELIVERY_CONCURRENCY", "attempts in flight at most", (*intValue)(&c.Concurrency)},
+		{"DELIVERY_TENANT_MAX_INFLIGHT", "attempts in flight of one tenant at most, 1 to DELIVERY_CONCURRENCY (equal turns the bound off; default a quarter of DELIVERY_CONCURRENCY, at least 1)", &tenantMax},
 		{"DELIVERY_CLAIM_SIZE", "messages per claim at most (1–100)", (*intValue)(&c.ClaimSize)},
 		{"DELIVERY_LIMIT_TOKENS", "claims per DELIVERY_LIMIT_INTERVAL per tenant", (*uint64Value)(&c.LimitTokens)},
 		{"DELIVERY_LIMIT_INTERVAL", "delivery limiter interval (Go duration)", (*durationValue)(&c.LimitInterval)},
@@ -123,6 +128,10 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 	if limit := c.Lease - c.Lease/5; c.Lease > 0 && c.HTTPTimeout >= limit {
 		c.HTTPTimeout = limit - limit/10
 	}
+	c.TenantMaxInflight = worker.DefaultTenantMaxInflight(c.Concurrency)
+	if tenantMax.set {
+		c.TenantMaxInflight = tenantMax.n
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -157,6 +166,11 @@ func (c Config) Validate() error {
 		return bad("DELIVERY_HTTP_TIMEOUT", "must be positive and under 4/5 of DELIVERY_LEASE (the rest is kept for settling)")
 	case c.Concurrency < 1 || c.Concurrency > 1024:
 		return bad("DELIVERY_CONCURRENCY", "must be between 1 and 1024")
+	case c.TenantMaxInflight < 1 || c.TenantMaxInflight > c.Concurrency:
+		// Refused, not clamped: a share above the concurrency is a
+		// misreading of the setting, and clamping it would turn the bound
+		// off without anyone having asked for that.
+		return bad("DELIVERY_TENANT_MAX_INFLIGHT", "must be between 1 and DELIVERY_CONCURRENCY (equal turns the bound off)")
 	case c.ClaimSize < 1 || c.ClaimSize > store.MaxClaim:
 		return bad("DELIVERY_CLAIM_SIZE", "must be between 1 and 100")
 	case c.PollInterval <= 0:
@@ -211,6 +225,29 @@ func (v *intValue) Set(s string) error {
 		return errors.New("not an integer")
 	}
 	*v = intValue(n)
+	return nil
+}
+
+// optionalInt is an integer whose default depends on another setting, so
+// -h shows none and Load tells "not given" from any given value.
+type optionalInt struct {
+	n   int
+	set bool
+}
+
+func (v *optionalInt) String() string {
+	if v == nil || !v.set {
+		return ""
+	}
+	return strconv.Itoa(v.n)
+}
+
+func (v *optionalInt) Set(s string) error {
+	var n intValue
+	if err := n.Set(s); err != nil {
+		return err
+	}
+	v.n, v.set = int(n), true
 	return nil
 }
 

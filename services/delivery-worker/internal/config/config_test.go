@@ -72,7 +72,7 @@ func TestHelpListsEverySettingAndHidesTheDSN(t *testing.T) {
 	}
 	for _, name := range []string{"DATABASE_URL", "METRICS_ADDR", "WEBHOOK_SECRETS_FILE", "DELIVERY_LEASE",
 		"DELIVERY_BACKOFF_BASE", "DELIVERY_BACKOFF_MAX", "DELIVERY_HTTP_TIMEOUT", "DELIVERY_ALLOW_INSECURE_LOOPBACK",
-		"DELIVERY_CONCURRENCY", "DELIVERY_LIMIT_TOKENS", "DELIVERY_LIMIT_INTERVAL", "SHUTDOWN_GRACE",
+		"DELIVERY_CONCURRENCY", "DELIVERY_TENANT_MAX_INFLIGHT", "-delivery-tenant-max-inflight", "DELIVERY_LIMIT_TOKENS", "DELIVERY_LIMIT_INTERVAL", "SHUTDOWN_GRACE",
 		"-delivery-allow-insecure-loopback", "-webhook-secrets-file"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
@@ -99,6 +99,11 @@ func TestRefusals(t *testing.T) {
 		{"max below base", map[string]string{"DELIVERY_BACKOFF_BASE": "1m", "DELIVERY_BACKOFF_MAX": "30s"}, nil, "DELIVERY_BACKOFF_MAX"},
 		{"zero base", map[string]string{"DELIVERY_BACKOFF_BASE": "0s"}, nil, "DELIVERY_BACKOFF_BASE"},
 		{"concurrency", map[string]string{"DELIVERY_CONCURRENCY": "0"}, nil, "DELIVERY_CONCURRENCY"},
+		{"tenant share zero", map[string]string{"DELIVERY_TENANT_MAX_INFLIGHT": "0"}, nil, "DELIVERY_TENANT_MAX_INFLIGHT must be between 1 and DELIVERY_CONCURRENCY"},
+		{"tenant share negative", nil, []string{"--delivery-tenant-max-inflight", "-3"}, "DELIVERY_TENANT_MAX_INFLIGHT must be between"},
+		{"tenant share above concurrency", map[string]string{"DELIVERY_CONCURRENCY": "16", "DELIVERY_TENANT_MAX_INFLIGHT": "17"}, nil, "DELIVERY_TENANT_MAX_INFLIGHT must be between 1 and DELIVERY_CONCURRENCY"},
+		{"tenant share above default concurrency", nil, []string{"--delivery-tenant-max-inflight=201"}, "DELIVERY_TENANT_MAX_INFLIGHT"},
+		{"tenant share not a number", map[string]string{"DELIVERY_TENANT_MAX_INFLIGHT": "half"}, nil, "DELIVERY_TENANT_MAX_INFLIGHT: not an integer"},
 		{"claim size", nil, []string{"--delivery-claim-size", "101"}, "DELIVERY_CLAIM_SIZE"},
 		{"tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "0"}, nil, "DELIVERY_LIMIT_TOKENS"},
 		{"negative tokens", map[string]string{"DELIVERY_LIMIT_TOKENS": "-1"}, nil, "not a non-negative integer"},
@@ -119,6 +124,38 @@ func TestRefusals(t *testing.T) {
 		_, err := Load(c.args, envOf(env), &bytes.Buffer{})
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrInvalid mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+// The tenant share defaults to a quarter of the concurrency (at least 1),
+// follows a concurrency given by flag or environment, and a given share
+// (up to and including the concurrency: no bound) wins, flag over env.
+func TestTenantMaxInflight(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{nil, nil, 50}, // DELIVERY_CONCURRENCY 200
+		{map[string]string{"DELIVERY_CONCURRENCY": "16"}, nil, 4},
+		{map[string]string{"DELIVERY_CONCURRENCY": "10"}, nil, 2},
+		{map[string]string{"DELIVERY_CONCURRENCY": "3"}, nil, 1},
+		{nil, []string{"--delivery-concurrency", "1"}, 1},
+		{map[string]string{"DELIVERY_CONCURRENCY": "16", "DELIVERY_TENANT_MAX_INFLIGHT": "16"}, nil, 16},
+		{map[string]string{"DELIVERY_TENANT_MAX_INFLIGHT": "7"}, nil, 7},
+		{map[string]string{"DELIVERY_TENANT_MAX_INFLIGHT": "7"}, []string{"--delivery-tenant-max-inflight", "9"}, 9},
+	} {
+		env := base(t)
+		for k, v := range c.env {
+			env[k] = v
+		}
+		cfg, err := Load(c.args, envOf(env), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.env, c.args, err)
+		}
+		if cfg.TenantMaxInflight != c.want {
+			t.Errorf("%v %v: tenant max in flight %d, want %d", c.env, c.args, cfg.TenantMaxInflight, c.want)
 		}
 	}
 }

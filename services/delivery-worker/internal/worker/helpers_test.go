@@ -168,9 +168,11 @@ func (rc *receiver) hits(id string) int {
 
 type opts struct {
 	concurrency, claimMax int
+	tenantMax             int // 0: the worker's default share
 	limit                 limiter.Policy
 	now                   func() time.Time
 	grace                 time.Duration
+	lease, httpTimeout    time.Duration // 0: 30s and 5s
 }
 
 // newWorker builds a worker on its own pool, delivering to loopback with a
@@ -178,6 +180,12 @@ type opts struct {
 func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	t.Helper()
 	st := storetest.Open(t, dsn)
+	if o.lease == 0 {
+		o.lease = 30 * time.Second
+	}
+	if o.httpTimeout == 0 {
+		o.httpTimeout = 5 * time.Second
+	}
 	refs := map[string][]string{}
 	for _, r := range testRefs {
 		refs[r] = []string{testSecret}
@@ -191,7 +199,7 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 		t.Fatal(err)
 	}
 	snd := sender.New(sender.Config{
-		Timeout: 5 * time.Second, AllowLoopback: true,
+		Timeout: o.httpTimeout, AllowLoopback: true,
 		Backoff: sender.Backoff{Base: time.Millisecond, Cap: 4 * time.Millisecond},
 		Secrets: secrets.NewCurrent(set).Lookup,
 	})
@@ -212,13 +220,28 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	}
 	m := NewMetrics(prometheus.NewRegistry())
 	w, err := New(Config{
-		Lease: 30 * time.Second, Concurrency: o.concurrency, ClaimMax: o.claimMax,
+		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
-	}, 5*time.Second, st, snd, lim, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
+	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return w, m
+}
+
+// start runs w until the returned stop is called; stop returns once Run
+// has.
+func start(w *Worker) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // cycle runs one scheduler cycle and waits for its attempts to settle.

@@ -18,6 +18,7 @@ type Metrics struct {
 	claimed        prometheus.Histogram
 	settleBatch    prometheus.Histogram
 	limiterRefused prometheus.Counter
+	tenantCapped   prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	inFlight       prometheus.Gauge
 	secretReloads  *prometheus.CounterVec
@@ -70,6 +71,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: ns, Subsystem: sub, Name: "limiter_refusals_total",
 			Help: "Claims skipped because the tenant's delivery limiter had no token.",
 		}),
+		tenantCapped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "tenant_share_skips_total",
+			Help: "Claims skipped because the tenant already held DELIVERY_TENANT_MAX_INFLIGHT attempts of this worker.",
+		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Failed database operations by operation.",
@@ -84,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.attempts, m.latency, m.due, m.oldestDueAge, m.leaseExpiries, m.fenced, m.claims,
-		m.claimed, m.settleBatch, m.limiterRefused, m.storeErrors, m.inFlight, m.secretReloads)
+		m.claimed, m.settleBatch, m.limiterRefused, m.tenantCapped, m.storeErrors, m.inFlight, m.secretReloads)
 	return m
 }
 

@@ -19,6 +19,20 @@
 // (DELIVERY_CONCURRENCY) and never more than store.MaxClaim, so no leased
 // message waits in a queue while its lease runs.
 //
+// # Tenant share
+//
+// No tenant holds more than TenantMaxInflight of the worker's slots
+// (DELIVERY_TENANT_MAX_INFLIGHT, contract §8.7), so a tenant whose endpoint
+// hangs until the HTTP timeout ties up its share and no more: the other
+// slots keep serving everyone else. The share counts an attempt from its
+// claim until the endpoint answers; settling it holds only the worker's
+// slot (see slots). The share bounds the claim itself (a
+// claim asks for at most the tenant's free share), so a blocked tenant's
+// backlog is never leased by a worker that could not start it; the
+// scheduler skips a tenant that holds its share (or nearly: see slots)
+// without taking a limiter token, and when every tenant it knows of is so
+// it waits for an attempt to end rather than for the poll interval.
+//
 // # Leases
 //
 // The worker computes its own lease deadline as the local time just before
@@ -63,6 +77,9 @@ var ErrConfig = errors.New("worker: invalid configuration")
 type Config struct {
 	Lease       time.Duration // claim lease (DELIVERY_LEASE)
 	Concurrency int           // attempts in flight at most
+	// TenantMaxInflight bounds one tenant's attempts in flight (0:
+	// DefaultTenantMaxInflight; Concurrency turns the bound off).
+	TenantMaxInflight int
 	// ClaimMax bounds one claim (default and maximum store.MaxClaim).
 	ClaimMax int
 	// TenantsPerCycle bounds the tenants served per cycle (default 100).
@@ -96,6 +113,8 @@ func (c Config) Validate(httpTimeout time.Duration) error {
 		return fmt.Errorf("%w: HTTP timeout must be positive and shorter than 4/5 of the lease", ErrConfig)
 	case c.Concurrency < 1:
 		return fmt.Errorf("%w: concurrency must be at least 1", ErrConfig)
+	case c.TenantMaxInflight < 0 || c.TenantMaxInflight > c.Concurrency:
+		return fmt.Errorf("%w: a tenant's attempts in flight must be between 1 and the concurrency", ErrConfig)
 	case c.ClaimMax < 0 || c.ClaimMax > store.MaxClaim:
 		return fmt.Errorf("%w: claim size must be at most %d", ErrConfig, store.MaxClaim)
 	case c.TenantsPerCycle < 0 || c.TenantsPerCycle > store.MaxDueTenants:
@@ -116,7 +135,7 @@ type Worker struct {
 	limiter *limiter.Delivery
 	log     *slog.Logger
 	m       *Metrics
-	slots   chan struct{}
+	slots   *slots
 	settles settler
 }
 
@@ -132,6 +151,9 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.TenantMaxInflight == 0 {
+		cfg.TenantMaxInflight = DefaultTenantMaxInflight(cfg.Concurrency)
+	}
 	if cfg.TenantRefresh == 0 {
 		cfg.TenantRefresh = min(cfg.PollInterval, 100*time.Millisecond)
 	}
@@ -139,7 +161,7 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 		return nil, err
 	}
 	return &Worker{cfg: cfg, store: st, sender: snd, limiter: lim, log: log, m: m,
-		slots: make(chan struct{}, cfg.Concurrency)}, nil
+		slots: newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax)}, nil
 }
 
 // Run delivers until ctx ends, then stops claiming and gives in-flight
@@ -168,19 +190,25 @@ func (w *Worker) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		var n int
 		var err error
+		var capped bool
 		if len(tenants) == 0 || time.Since(listedAt) >= w.cfg.TenantRefresh {
 			tenants, err = w.dueTenants(ctx)
 			listedAt = time.Now()
 		}
 		if err == nil {
-			n, tenants, err = w.serve(ctx, workCtx, tenants, &inflight)
+			n, tenants, capped, err = w.serve(ctx, workCtx, tenants, &inflight)
 		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("delivery cycle failed", slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
 		}
-		if n == 0 || err != nil {
+		switch {
+		case err != nil || (n == 0 && !capped):
 			tenants = nil
 			w.sleep(ctx, w.cfg.PollInterval)
+		case n == 0:
+			// Due work only of tenants at their share: it can start when
+			// one of them has room again.
+			w.slots.waitRoom(ctx, tenants, w.cfg.PollInterval)
 		}
 	}
 
@@ -220,18 +248,28 @@ func (w *Worker) Cycle(ctx, workCtx context.Context, inflight *sync.WaitGroup) (
 	if err != nil {
 		return 0, err
 	}
-	n, _, err := w.serve(ctx, workCtx, tenants, inflight)
+	n, _, _, err := w.serve(ctx, workCtx, tenants, inflight)
 	return n, err
 }
 
 // serve gives each of tenants one claim (see Cycle). It also returns the
-// tenants whose claim came back full: they most likely have more due work.
-func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight *sync.WaitGroup) (int, []string, error) {
+// tenants to serve again before listing anew: those whose claim came back
+// full (they most likely have more due work) and those skipped at their
+// share (they had due work when listed), and whether any was skipped so.
+func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight *sync.WaitGroup) (int, []string, bool, error) {
 	total := 0
-	var full []string
+	var again []string
+	capped := false
 	for _, tenant := range tenants {
 		if ctx.Err() != nil {
-			return total, full, nil
+			return total, again, capped, nil
+		}
+		if w.slots.full(tenant) {
+			// Before the limiter: a claim that cannot happen takes no token.
+			w.m.tenantCapped.Inc()
+			again = append(again, tenant)
+			capped = true
+			continue
 		}
 		dec, err := w.limiter.Take(ctx, limiter.DeliveryKey{Tenant: tenant})
 		if err != nil {
@@ -246,13 +284,13 @@ func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight 
 		n, asked, err := w.claimAndStart(ctx, workCtx, tenant, inflight)
 		total += n
 		if err != nil {
-			return total, full, err
+			return total, again, capped, err
 		}
 		if n > 0 && n == asked {
-			full = append(full, tenant)
+			again = append(again, tenant)
 		}
 	}
-	return total, full, nil
+	return total, again, capped, nil
 }
 
 func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
@@ -266,29 +304,14 @@ func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
 	return tenants, nil
 }
 
-// claimAndStart takes the free slots (waiting for at least one), claims
-// that many messages of tenant and starts one attempt per message. It
-// returns how many it claimed and how many it asked for.
+// claimAndStart takes the free slots the tenant may use (waiting for at
+// least one of the worker's), claims that many messages of tenant and
+// starts one attempt per message. It returns how many it claimed and how
+// many it asked for.
 func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, inflight *sync.WaitGroup) (int, int, error) {
-	select {
-	case w.slots <- struct{}{}:
-	case <-ctx.Done():
+	held := w.slots.take(ctx, tenant, w.cfg.ClaimMax)
+	if held == 0 {
 		return 0, 0, nil
-	}
-	held := 1
-	for held < w.cfg.ClaimMax {
-		select {
-		case w.slots <- struct{}{}:
-			held++
-			continue
-		default:
-		}
-		break
-	}
-	release := func(n int) {
-		for range n {
-			<-w.slots
-		}
 	}
 
 	// Taken before the claim: the database's lease starts later, so this
@@ -302,22 +325,21 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 	cancel()
 	w.m.claims.Inc()
 	if err != nil {
-		release(held)
+		w.slots.release(tenant, held)
 		w.m.storeErrors.WithLabelValues("claim").Inc()
 		return 0, held, fmt.Errorf("claim: %w", err)
 	}
 	w.m.claimed.Observe(float64(len(claimed)))
-	release(held - len(claimed))
+	w.slots.release(tenant, held-len(claimed))
 	for _, c := range claimed {
 		inflight.Add(1)
 		w.m.inFlight.Inc()
 		go func() {
 			defer func() {
 				w.m.inFlight.Dec()
-				<-w.slots
 				inflight.Done()
 			}()
-			w.Attempt(workCtx, c, deadline)
+			w.slots.run(tenant, func(answered func()) { w.attempt(workCtx, c, deadline, answered) })
 		}()
 	}
 	return len(claimed), held, nil
@@ -326,6 +348,12 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 // Attempt sends one claimed message and settles the outcome, unless the
 // lease deadline has passed or ctx ended first.
 func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Time) {
+	w.attempt(ctx, c, deadline, func() {})
+}
+
+// attempt is Attempt, calling answered as soon as the request has ended,
+// before the outcome is settled.
+func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Time, answered func()) {
 	sendBy := deadline.Add(-w.cfg.settleMargin())
 	actx, cancel := context.WithDeadline(ctx, sendBy)
 	defer cancel()
@@ -341,6 +369,7 @@ func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 		w.log.Warn("message refused: its endpoint's secret ref does not belong to its tenant; not sent",
 			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
 	}
+	answered()
 	elapsed := time.Since(start).Seconds()
 	if err != nil {
 		// Shutdown past the grace period, or the attempt ran into the

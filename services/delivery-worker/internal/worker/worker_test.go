@@ -252,6 +252,7 @@ func TestNoSettleAfterLeaseDeadline(t *testing.T) {
 	if testutil.ToFloat64(m.leaseExpiries) != 1 || testutil.ToFloat64(m.fenced) != 0 || attempts(m, "lease_lost", "") != 1 {
 		t.Fatal("lease loss not counted")
 	}
+	noSlotsHeld(t, w)
 }
 
 // Rate limiting decides only whether a tenant is claimed this cycle.
@@ -437,21 +438,16 @@ func TestGraceExpiryLeavesMessageUnsettled(t *testing.T) {
 	e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
 	_, ids := e.enqueue("t1", "orders", 12)
 	w, m := newWorker(t, e.dsn, opts{grace: time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(ctx)
-	}()
+	stop := start(w)
 	<-arrived
-	cancel()
-	<-done
+	stop()
 	if s := e.status("t1", ids[0]); s.Status != store.StatusDelivering || s.Attempts != 1 {
 		t.Fatalf("an aborted attempt was settled: %+v", s)
 	}
 	if attempts(m, "aborted", "") != 1 {
 		t.Fatal("aborted attempt not counted")
 	}
+	noSlotsHeld(t, w)
 }
 
 // A message whose endpoint names a secret ref its tenant does not own is
