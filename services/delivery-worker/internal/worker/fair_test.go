@@ -35,8 +35,8 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 	t.Cleanup(hang.Close)
 	t.Cleanup(func() { close(release) }) // runs first: no handler outlives the server
 	fast := newReceiver(t, nil)
-	e.endpoint("ta", "orders", hang.URL+"/a", "ep")
-	e.endpoint("tb", "orders", fast.srv.URL+"/b", "ep")
+	e.endpoint("ta", "orders", hang.URL+"/a", testRefs[0]) // a ref belongs to one tenant
+	e.endpoint("tb", "orders", fast.srv.URL+"/b", testRefs[1])
 	_, seed := e.enqueue("ta", "orders", 12)
 	e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
 	            max_attempts, budget, next_attempt_at)
@@ -246,8 +246,9 @@ func TestSlotsReleasedAfterSettles(t *testing.T) {
 	e := newEnv(t)
 	answers := map[string]int{"/ok": http.StatusNoContent, "/retry": http.StatusInternalServerError, "/dead": http.StatusNotFound}
 	rc := newReceiver(t, func(r *http.Request, _ int) int { return answers[r.URL.Path] })
-	for tenant, path := range map[string]string{"t1": "/ok", "t2": "/retry", "t3": "/dead"} {
-		e.endpoint(tenant, "orders", rc.srv.URL+path, "ep")
+	for i, tenant := range []string{"t1", "t2", "t3"} {
+		path := []string{"/ok", "/retry", "/dead"}[i]
+		e.endpoint(tenant, "orders", rc.srv.URL+path, testRefs[i]) // a ref belongs to one tenant
 		for range 3 {
 			e.enqueue(tenant, "orders", 12)
 		}
