@@ -328,7 +328,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
 		activeKeys: newActiveKeys(time.Now),
 		keys:       cfg.OutboundKeys,
-		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout}),
+		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()
