@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -208,22 +209,13 @@ func raceTopicGuard(t *testing.T, isolation string) {
 
 // topicIDs lists the endpoints of (t1, p1, wide) in state, oldest write first.
 func topicIDs(f *fixture, state store.EndpointState) ([]string, error) {
-	rows, err := f.admin.Query(`SELECT endpoint_id FROM endpoints
-		WHERE tenant_id = 't1' AND project_id = 'p1' AND topic = 'wide' AND state = $1
-		ORDER BY updated_at, endpoint_id`, string(state))
-	if err != nil {
+	var ids string
+	err := f.admin.QueryRow(`SELECT coalesce(string_agg(endpoint_id, ',' ORDER BY updated_at, endpoint_id), '')
+		FROM endpoints WHERE tenant_id = 't1' AND project_id = 'p1' AND topic = 'wide' AND state = $1`, string(state)).Scan(&ids)
+	if err != nil || ids == "" {
 		return nil, err
 	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return strings.Split(ids, ","), nil
 }
 
 // Rows written past the guard (here by the table owner) never make an enqueue write more than
