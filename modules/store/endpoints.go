@@ -140,6 +140,52 @@ INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_re
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
 
+// The fan-out guard (contract §8.12): a (tenant, project, topic) has at most
+// MaxTopicEndpoints active endpoints. Adding an active endpoint and enabling
+// one each run in a transaction that takes a transaction-scoped advisory lock
+// on the triple, then counts the other active endpoints, then writes. The
+// lock makes two writers of one topic take turns; under READ COMMITTED (inTx
+// asks for it) the count, a statement after the lock was granted, sees what
+// the previous holder committed, so of two racing for the last slot exactly
+// one gets it. An advisory lock rather than a row lock because no table has a
+// row per topic, and the guard needs no migration. The two-key form with its
+// own class keeps these locks apart from the single-key ones (the migrator,
+// the janitor); a hash collision of two triples only makes them take turns.
+// The endpoints trigger of migration 0005 runs inside the insert, after the
+// lock: every writer takes the topic lock before any secret_ref_owners row,
+// so the two cannot wait on each other in a cycle. The worker's 410 disable
+// and operator disables only lower the count and take no lock.
+const (
+	topicLockClass = 0x45570001 // "EW" 0001: the fan-out guard's advisory lock class
+
+	lockTopicSQL = `SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3 || '/' || $4))`
+
+	// countActiveSQL counts the active endpoints of a topic but one ($4), up
+	// to $5: the guard asks only whether the bound is reached.
+	countActiveSQL = `
+SELECT count(*) FROM (
+    SELECT FROM endpoints
+    WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active' AND endpoint_id <> $4
+    LIMIT $5) a`
+)
+
+// guardTopic takes the topic's lock and refuses with ErrTopicFull when the
+// topic has MaxTopicEndpoints active endpoints besides id. Identities and
+// topic are validated (no '/'), so the lock key's text is unambiguous.
+func guardTopic(ctx context.Context, tx *sql.Tx, op, tenant, project, topic, id string) error {
+	if _, err := tx.ExecContext(ctx, lockTopicSQL, topicLockClass, tenant, project, topic); err != nil {
+		return err
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, countActiveSQL, tenant, project, topic, id, MaxTopicEndpoints).Scan(&n); err != nil {
+		return err
+	}
+	if n >= MaxTopicEndpoints {
+		return newErr(op, ErrTopicFull)
+	}
+	return nil
+}
+
 // AddEndpoint stores an endpoint and returns its id. e.ID may be empty (a new
 // id is made) or a caller-chosen id of the form ep_<24 hex>, which is
 // ErrConflict when taken. e.State defaults to active. Bad fields are
@@ -148,7 +194,9 @@ ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
 // several tenants shared before migration 0005) is ErrSecretRefForeign. The
 // schema decides that, for every writer, in a trigger on endpoints
 // (migrations/0005), race-free: of two tenants adding one new ref at once,
-// exactly one gets it.
+// exactly one gets it. An active endpoint for a topic that has
+// MaxTopicEndpoints active ones already is ErrTopicFull (see guardTopic); a
+// disabled one is always taken.
 func (s *Store) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 	const op = "add endpoint"
 	if e.State == "" {
@@ -172,15 +220,26 @@ func (s *Store) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 			return "", classify(ctx, op, err)
 		}
 	}
-	res, err := s.sqlDB().ExecContext(ctx, insertEndpointSQL, e.TenantID, id, e.ProjectID, e.Topic, e.URL,
-		e.SecretRef, string(e.State), e.DisabledReason)
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if e.State == EndpointActive {
+			if err := guardTopic(ctx, tx, op, e.TenantID, e.ProjectID, e.Topic, id); err != nil {
+				return err
+			}
+		}
+		res, err := tx.ExecContext(ctx, insertEndpointSQL, e.TenantID, id, e.ProjectID, e.Topic, e.URL,
+			e.SecretRef, string(e.State), e.DisabledReason)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return newErr(op, ErrConflict)
+		}
+		return nil
+	})
 	if err != nil {
 		return "", classify(ctx, op, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return "", classify(ctx, op, err)
-	} else if n == 0 {
-		return "", newErr(op, ErrConflict)
 	}
 	return id, nil
 }
@@ -193,7 +252,9 @@ WHERE tenant_id = $1 AND endpoint_id = $2`
 // kept while disabled (for example "http_410" or "operator"); enabling clears
 // it. Setting the current state again is not an error. Unknown ids, and ids
 // of other tenants, are ErrNotFound. Messages of a disabled endpoint stay
-// pending and are claimed again once it is enabled.
+// pending and are claimed again once it is enabled. Enabling an endpoint
+// whose topic has MaxTopicEndpoints other active endpoints is ErrTopicFull
+// (see guardTopic).
 func (s *Store) SetEndpointState(ctx context.Context, tenant, id string, state EndpointState, reason string) error {
 	const op = "set endpoint state"
 	if !validIdentity(tenant) || !state.Valid() || (reason != "" && !codeRE.MatchString(reason)) {
@@ -202,15 +263,38 @@ func (s *Store) SetEndpointState(ctx context.Context, tenant, id string, state E
 	if !endpointIDRE.MatchString(id) {
 		return newErr(op, ErrNotFound)
 	}
-	if state == EndpointActive {
-		reason = ""
+	if state == EndpointDisabled {
+		return classify(ctx, op, setEndpointState(ctx, s.sqlDB(), op, tenant, id, state, reason))
 	}
-	res, err := s.sqlDB().ExecContext(ctx, setEndpointStateSQL, tenant, id, string(state), reason)
+	return classify(ctx, op, s.inTx(ctx, func(tx *sql.Tx) error {
+		// The topic of an endpoint never changes (no role may update it), so
+		// reading it before the lock is safe; its state is counted after.
+		var project, topic string
+		err := tx.QueryRowContext(ctx, endpointTopicSQL, tenant, id).Scan(&project, &topic)
+		if errors.Is(err, sql.ErrNoRows) {
+			return newErr(op, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if err := guardTopic(ctx, tx, op, tenant, project, topic, id); err != nil {
+			return err
+		}
+		return setEndpointState(ctx, tx, op, tenant, id, state, "")
+	}))
+}
+
+const endpointTopicSQL = `SELECT project_id, topic FROM endpoints WHERE tenant_id = $1 AND endpoint_id = $2`
+
+func setEndpointState(ctx context.Context, db interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, op, tenant, id string, state EndpointState, reason string) error {
+	res, err := db.ExecContext(ctx, setEndpointStateSQL, tenant, id, string(state), reason)
 	if err != nil {
-		return classify(ctx, op, err)
+		return err
 	}
 	if n, err := res.RowsAffected(); err != nil {
-		return classify(ctx, op, err)
+		return err
 	} else if n == 0 {
 		return newErr(op, ErrNotFound)
 	}

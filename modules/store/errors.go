@@ -28,6 +28,10 @@ var (
 	// by several before migration 0005, to none). Its message never names the
 	// owner.
 	ErrSecretRefForeign = errors.New("store: secret ref belongs to another tenant")
+	// ErrTopicFull: the (tenant, project, topic) has MaxTopicEndpoints active
+	// endpoints already, so adding or enabling one more is refused (contract
+	// §8.12). Nothing was written.
+	ErrTopicFull = errors.New("store: topic has the most active endpoints allowed")
 )
 
 // sqlStateSecretRefForeign is what migration 0005's trigger on endpoints

@@ -70,6 +70,12 @@ const (
 	MaxLease           = time.Hour // longest lease a Claim may take
 	MaxDeadLetterPage  = 100
 	MaxDueTenants      = 1000
+
+	// MaxTopicEndpoints bounds the active endpoints of one (tenant, project,
+	// topic), and so the messages one enqueue writes (contract §8.12).
+	// AddEndpoint and SetEndpointState enforce it; Enqueue holds to it even
+	// past them (activeEndpointsSQL).
+	MaxTopicEndpoints = 64
 )
 
 // Message statuses.
@@ -157,10 +163,18 @@ SELECT message_id FROM outbox_messages
 WHERE tenant_id = $1 AND event_identity = $2
 ORDER BY endpoint_id, message_id`
 
+// activeEndpointsSQL is the fan-out: at most $4 (MaxTopicEndpoints) active
+// endpoints, the first by id. The endpoint guard keeps a topic within the
+// bound, so the LIMIT cuts only rows written past it (by hand, a restore, a
+// concurrent add by an envctl older than the guard); then the enqueue still
+// writes at most the bound, and the endpoints past the first by id get
+// nothing, which envctl verify reports (topic_over_endpoint_limit). Refusing
+// the enqueue instead would stop the whole topic over one surplus row.
 const activeEndpointsSQL = `
 SELECT endpoint_id FROM endpoints
 WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active'
-ORDER BY endpoint_id`
+ORDER BY endpoint_id
+LIMIT $4`
 
 const insertOutboundSQL = `
 WITH env AS (
@@ -242,7 +256,7 @@ func enqueueTx(ctx context.Context, tx *sql.Tx, tenant string, r EnqueueRequest)
 		return EnqueueResult{}, err
 	}
 
-	endpoints, err := queryStrings(ctx, tx, activeEndpointsSQL, tenant, r.ProjectID, r.Topic)
+	endpoints, err := queryStrings(ctx, tx, activeEndpointsSQL, tenant, r.ProjectID, r.Topic, MaxTopicEndpoints)
 	if err != nil {
 		return EnqueueResult{}, err
 	}

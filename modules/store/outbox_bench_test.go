@@ -52,20 +52,22 @@ func BenchmarkOutboxClaimSettle(b *testing.B) {
 	}
 }
 
-// seedOutbox enqueues 100 envelopes of about 1 KiB to 100 endpoints.
+// seedOutbox enqueues envelopes of about 1 KiB to 100 endpoints: two topics
+// of 50 (a topic holds at most MaxTopicEndpoints), each envelope to one topic.
 func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 	b.Helper()
 	ctx := context.Background()
+	topics := []string{"bench-a", "bench-b"}
 	for i := 0; i < 100; i++ {
-		if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
+		if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: topics[i%2],
 			URL: "https://hooks.example.test/", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 			b.Fatal(err)
 		}
 	}
 	body := make([]byte, 512)
-	for i := 0; i < benchOutboxMessages/100; i++ {
+	for i := 0; i < benchOutboxMessages/50; i++ {
 		_, err := s.Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "bench"}, store.EnqueueRequest{
-			ProjectID: "p1", ProducerID: "svc1", Topic: "bench", MaxAttempts: 12,
+			ProjectID: "p1", ProducerID: "svc1", Topic: topics[i%2], MaxAttempts: 12,
 			IdempotencyDigest: sha256.Sum256([]byte(fmt.Sprint(i))), RequestDigest: sha256.Sum256([]byte(fmt.Sprint(i))),
 			Build: func(seq int64) ([]byte, string, error) {
 				if _, err := rand.Read(body); err != nil {

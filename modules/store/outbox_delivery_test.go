@@ -13,15 +13,23 @@ import (
 )
 
 // fanOut registers n endpoints on (tenant, p1, task.proposals) and enqueues
-// envelopes of them until there are at least total messages.
+// envelopes of them until there are at least total messages. Past
+// MaxTopicEndpoints the endpoints go to further topics (task.proposals-1, …),
+// which the enqueues take in turn.
 func (f *fixture) fanOut(tenant string, endpoints, total int) []string {
 	f.t.Helper()
+	topics := []string{"task.proposals"}
 	for i := 0; i < endpoints; i++ {
-		f.addEndpoint(tenant, "p1", "task.proposals")
+		if i > 0 && i%store.MaxTopicEndpoints == 0 {
+			topics = append(topics, fmt.Sprintf("task.proposals-%d", len(topics)))
+		}
+		f.addEndpoint(tenant, "p1", topics[len(topics)-1])
 	}
 	var ids []string
 	for k := 0; len(ids) < total; k++ {
-		ids = append(ids, f.enqueue(actor(tenant, "svc1"), out(fmt.Sprintf("k-%d", k), `{}`)).MessageIDs...)
+		o := out(fmt.Sprintf("k-%d", k), `{}`)
+		o.topic = topics[k%len(topics)]
+		ids = append(ids, f.enqueue(actor(tenant, "svc1"), o).MessageIDs...)
 	}
 	return ids
 }

@@ -153,9 +153,12 @@ func (s *Store) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
 	})
 }
 
-// inTx runs fn in a READ COMMITTED transaction on database/sql.
+// inTx runs fn in a READ COMMITTED transaction on database/sql. The level is
+// asked for, not left to the server's default_transaction_isolation: the
+// statements that follow a lock (the fan-out guard in endpoints.go) rely on
+// each statement taking a fresh snapshot.
 func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
-	tx, err := s.sqlDB().BeginTx(ctx, nil)
+	tx, err := s.sqlDB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return err
 	}

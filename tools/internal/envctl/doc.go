@@ -56,8 +56,10 @@
 // password. --secret-ref is the name of the endpoint's secrets in the worker's WEBHOOK_SECRETS_FILE; a
 // value starting with "whsec_" or "whsk_" is refused as a secret pasted by mistake. A secret ref
 // belongs to the first tenant whose endpoint names it (migration 0005): another tenant's `endpoint add`
-// is refused (exit 1) without naming the owner. `migrate` lists the refs that belong to no tenant
-// because several shared them before 0005. `endpoint disable`
+// is refused (exit 1) without naming the owner. A topic has at most store.MaxTopicEndpoints (64)
+// active endpoints: `endpoint add` of one more, and `endpoint enable` that would make one more, are
+// refused (exit 1) with a message naming the topic and the bound. `migrate` lists the refs that
+// belong to no tenant because several shared them before 0005. `endpoint disable`
 // records the reason "operator" (the worker records "http_410"); `endpoint enable` clears it. `dlq list`
 // prints the members of GET /v1/dead-letters entries; when more remain it writes "next_after <cursor>"
 // to stderr, to pass back as --after. `dlq replay` prints the status object of GET /v1/outbox/{id}

@@ -71,8 +71,8 @@ func commands() []*command {
 		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend},
 		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen},
 		{name: "endpoint", summary: "manage webhook endpoints of the outbox", subs: []*command{
-			{name: "add", summary: "register an endpoint and print its id alone on one line", run: runEndpointAdd},
-			{name: "enable", summary: "turn an endpoint on (also after a 410 Gone disabled it)", run: runEndpointEnable},
+			{name: "add", summary: fmt.Sprintf("register an endpoint and print its id alone on one line; at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointAdd},
+			{name: "enable", summary: fmt.Sprintf("turn an endpoint on (also after a 410 Gone disabled it); at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointEnable},
 			{name: "disable", summary: "turn an endpoint off (its messages wait, new enqueues skip it)", run: runEndpointDisable},
 			{name: "show", summary: "print an endpoint as one JSON object", run: runEndpointShow},
 		}},

@@ -21,7 +21,7 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 	fs := c.flagSet(path, "--tenant T --project P --topic X --url URL --secret-ref NAME")
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("project", "", "project id (required)")
-	topic := fs.String("topic", "", "topic the endpoint subscribes to, e.g. task.proposals (required)")
+	topic := fs.String("topic", "", fmt.Sprintf("topic the endpoint subscribes to, e.g. task.proposals; at most %d active endpoints a topic (required)", store.MaxTopicEndpoints))
 	rawURL := fs.String("url", "", "https URL; http only for loopback hosts (127.0.0.0/8, [::1], localhost) (required)")
 	secretRef := fs.String("secret-ref", "", "name of the endpoint's secrets in the worker's WEBHOOK_SECRETS_FILE; never the secret itself (required)")
 	d := c.addDBFlags(fs, time.Minute)
@@ -59,6 +59,8 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 		switch {
 		case errors.Is(err, store.ErrInvalid):
 			return c.failure(path, "refused: %v", err)
+		case errors.Is(err, store.ErrTopicFull):
+			return c.failure(path, "%s", topicFullMessage(tenant, project, *topic))
 		case errors.Is(err, store.ErrSecretRefForeign):
 			// Never says whose: the operator of one tenant learns nothing about another.
 			return c.failure(path, "refused: secret ref %s is not tenant %s's: another tenant's endpoints name it, "+
@@ -122,13 +124,28 @@ func endpointTransition(ctx context.Context, c *cli, path string, args []string,
 	// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
 	// operator's: from then on it is the operator's decision that keeps it off.
 	if err := s.SetEndpointState(cctx, tenant, id, state, reason); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
 			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
+		case errors.Is(err, store.ErrTopicFull):
+			// The refusal names the topic; a lookup failure here only loses that detail.
+			if e, gerr := s.GetEndpoint(cctx, tenant, id); gerr == nil {
+				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic))
+			}
+			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err)
 		}
 		return c.storeFailure(path, err)
 	}
 	fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
 	return ExitOK
+}
+
+// topicFullMessage is the refusal of `endpoint add` and `endpoint enable` for a topic at the fan-out
+// bound; it says what to do, since the bound itself does not move.
+func topicFullMessage(tenant, project, topic string) string {
+	return fmt.Sprintf("refused: topic %s of tenant %s, project %s has %d active endpoints, the most allowed "+
+		"(one enqueue writes one message per active endpoint; contract §8.12); disable one first (endpoint disable)",
+		topic, tenant, project, store.MaxTopicEndpoints)
 }
 
 // endpointLine is the output of `endpoint show`. No secret is stored, so none can be shown.

@@ -233,6 +233,52 @@ func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 	add("tenant-other", "z").expect(t, ExitFailure, "is not tenant tenant-other's")
 }
 
+// Contract §8.12: `endpoint add` and `endpoint enable` refuse a 65th active endpoint of a topic
+// with a message that names the topic and the bound, exit 1, and print no id.
+func TestEndpointAddAndEnableRefuseA65thActive(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	s := storetest.Open(t, dsn)
+	ctx := context.Background()
+	parked := addEndpointCLI(t, dsn, "t1", "p1", "wide", "https://hooks.example.test/parked")
+	run(t, dsn, "endpoint", "disable", "--tenant", "t1", "--id", parked).expect(t, ExitOK, "")
+	var first string
+	for i := range store.MaxTopicEndpoints - 1 {
+		id, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "wide",
+			URL: fmt.Sprintf("https://hooks.example.test/wide/%d", i), SecretRef: "hooks-wide"})
+		must(t, err)
+		if i == 0 {
+			first = id
+		}
+	}
+	addEndpointCLI(t, dsn, "t1", "p1", "wide", "https://hooks.example.test/64th")
+
+	const full = "refused: topic wide of tenant t1, project p1 has 64 active endpoints, the most allowed"
+	r := run(t, dsn, "endpoint", "add", "--tenant", "t1", "--project", "p1", "--topic", "wide",
+		"--url", "https://hooks.example.test/65th", "--secret-ref", "hooks-wide")
+	r.expect(t, ExitFailure, full)
+	if r.stdout != "" || !strings.Contains(r.stderr, "disable one first") {
+		t.Fatalf("65th add: stdout %q stderr %q; want no id and what to do", r.stdout, r.stderr)
+	}
+	r = run(t, dsn, "endpoint", "enable", "--tenant", "t1", "--id", parked)
+	r.expect(t, ExitFailure, full)
+	if r.stdout != "" {
+		t.Fatalf("refused enable printed %q", r.stdout)
+	}
+	if e, err := s.GetEndpoint(ctx, "t1", parked); err != nil || e.State != store.EndpointDisabled {
+		t.Fatalf("refused enable changed the endpoint: %+v, %v", e, err)
+	}
+	var n int
+	must(t, s.DB().QueryRowContext(ctx, `SELECT count(*) FROM endpoints WHERE tenant_id = 't1' AND topic = 'wide' AND state = 'active'`).Scan(&n))
+	if n != store.MaxTopicEndpoints {
+		t.Fatalf("%d active endpoints after the refusals, want %d", n, store.MaxTopicEndpoints)
+	}
+	// Another topic is not affected; a freed slot can be taken by enable.
+	addEndpointCLI(t, dsn, "t1", "p1", "narrow", "https://hooks.example.test/narrow")
+	run(t, dsn, "endpoint", "disable", "--tenant", "t1", "--id", first).expect(t, ExitOK, "")
+	run(t, dsn, "endpoint", "enable", "--tenant", "t1", "--id", parked).expect(t, ExitOK, "")
+	run(t, dsn, "endpoint", "enable", "--tenant", "t1", "--id", first).expect(t, ExitFailure, full)
+}
+
 func TestDLQListAndReplay(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	s := storetest.Open(t, dsn)

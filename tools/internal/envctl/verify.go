@@ -139,6 +139,18 @@ SELECT count(*) FROM endpoints e
 WHERE NOT EXISTS (SELECT FROM secret_ref_owners o
                   WHERE o.secret_ref = e.secret_ref AND o.tenant_id = e.tenant_id)`,
 		},
+		{
+			// endpoint add and enable keep a topic within the fan-out bound; a restore, a hand edit or an
+			// envctl older than the bound do not, and Enqueue then writes to the first endpoints by id
+			// only. Counted: the active endpoints past the bound, which get no messages.
+			name: "topic_over_endpoint_limit",
+			why:  "active endpoints past the fan-out bound of their (tenant, project, topic): enqueues write no message for them",
+			query: `
+SELECT coalesce(sum(n - $1), 0)::bigint FROM (
+    SELECT count(*) AS n FROM endpoints WHERE state = 'active'
+    GROUP BY tenant_id, project_id, topic HAVING count(*) > $1) t`,
+			args: []any{store.MaxTopicEndpoints},
+		},
 	}
 }
 

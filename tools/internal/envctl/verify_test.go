@@ -276,6 +276,17 @@ func TestVerifyBroken(t *testing.T) {
 			},
 			want: map[string]int64{"secret_ref_not_owned": 2},
 		},
+		{
+			// Topic x has one active endpoint (the other was disabled by a 410); 65 more by hand make
+			// 66, two past the bound. The ref is t1's already, so only the bound is broken.
+			name: "a topic past the fan-out bound",
+			stmts: func(populated) []string {
+				return []string{`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+					 SELECT 't1', 'ep_' || lpad(to_hex(g), 24, '0'), 'p1', 'x', 'https://hooks.example.test/x', 'hooks-x'
+					 FROM generate_series(1, 65) g`}
+			},
+			want: map[string]int64{"topic_over_endpoint_limit": 2},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
