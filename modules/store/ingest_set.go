@@ -32,9 +32,13 @@ const streamStateSQL = `
 SELECT s.i, st.cursor, st.replay_floor,
        coalesce((SELECT array_agg(e.sequence ORDER BY e.sequence) FROM event_identities e
                  WHERE e.tenant_id = s.t AND e.project_id = s.p AND e.producer_id = s.d
-                   AND e.sequence > greatest(st.cursor, st.replay_floor)), '{}')
+                   AND e.sequence > st.settled), '{}')
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, d, i)
-JOIN streams st ON st.tenant_id = s.t AND st.project_id = s.p AND st.producer_id = s.d`
+CROSS JOIN LATERAL (
+    SELECT cursor, replay_floor, greatest(cursor, replay_floor) AS settled FROM streams
+    WHERE tenant_id = s.t AND project_id = s.p AND producer_id = s.d
+    OFFSET 0
+) st`
 
 // lookupSQL reads, for each envelope, what step 5 compares it with: the
 // content digest stored under its event identity and under its idempotency
@@ -48,18 +52,27 @@ JOIN streams st ON st.tenant_id = s.t AND st.project_id = s.p AND st.producer_id
 // streamStateSQL read every one above the cursor. Were that invariant broken,
 // the sequence's unique index would still refuse the write.
 //
+// Each lookup is a scalar subquery run per envelope by its key (an EXISTS
+// may become one hashed scan), and each stream a LATERAL subquery kept by
+// OFFSET 0 in streamStateSQL: as joins, the generic
+// plan (genericPlansSQL) a connection made while the tables were empty hashed
+// a scan of every identity and stream into each batch until the next ANALYZE
+// (TestHotStatementPlansUseTheirKeys).
+//
 //	$1 tenants  $2 event identities  $3 idempotency digests  $4 key ids
 //	$5 verified-with keys (one entry per envelope)
 const lookupSQL = `
-SELECT x.i, ev.content_digest, idem.content_digest, x.stale
-FROM (
-    SELECT u.*, u.vk IS NOT NULL AND (pk.key_id IS NULL OR pk.state <> 'active' OR pk.public_key <> u.vk) AS stale
+SELECT i, ev, idem, stale FROM (
+    SELECT u.i,
+           (SELECT content_digest FROM event_identities WHERE tenant_id = u.t AND event_identity = u.e) AS ev,
+           (SELECT content_digest FROM event_identities WHERE tenant_id = u.t AND idempotency_digest = u.k) AS idem,
+           u.vk IS NOT NULL AND NOT coalesce((
+               SELECT state = 'active' AND public_key = u.vk FROM producer_keys
+               WHERE tenant_id = u.t AND key_id = u.kid), false) AS stale
     FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::bytea[]) WITH ORDINALITY AS u(t, e, k, kid, vk, i)
-    LEFT JOIN producer_keys pk ON u.vk IS NOT NULL AND pk.tenant_id = u.t AND pk.key_id = u.kid
+    OFFSET 0
 ) x
-LEFT JOIN event_identities ev ON ev.tenant_id = x.t AND ev.event_identity = x.e
-LEFT JOIN event_identities idem ON idem.tenant_id = x.t AND idem.idempotency_digest = x.k
-WHERE x.stale OR ev.tenant_id IS NOT NULL OR idem.tenant_id IS NOT NULL`
+WHERE stale OR ev IS NOT NULL OR idem IS NOT NULL`
 
 // writeSQL commits the decisions: every accepted identity and payload, every
 // stream's new cursor, and one audit row per item in item order (audit ids

@@ -180,10 +180,13 @@ func (s *Store) PruneKeys(ctx context.Context, replayWindow time.Duration) (int,
 	return int(n), nil
 }
 
+// signedBySQL looks the identity up by its key alone and compares the rest:
+// with key_id among the conditions, event_identities_key_idx would tie with
+// the primary key on a table not yet analyzed (migrations/0006).
 const signedBySQL = `
-SELECT EXISTS (
-    SELECT FROM event_identities
-    WHERE tenant_id = $1 AND event_identity = $2 AND content_digest = $3 AND key_id = $4)`
+SELECT coalesce((
+    SELECT content_digest = $3 AND key_id = $4 FROM event_identities
+    WHERE tenant_id = $1 AND event_identity = $2), false)`
 
 // SignedBy reports whether the tenant holds exactly this envelope (identity
 // and content digest) signed by keyID: the only thing a revoked key may still

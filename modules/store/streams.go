@@ -106,7 +106,9 @@ const MaxReadLimit = 1000
 // past it never leave PostgreSQL and the caller never holds more than the
 // budget plus one envelope. The first row always passes, and so does the
 // lone row of a page without envelopes (sequence NULL), which carries the
-// cursor.
+// cursor. OFFSET 0 keeps the payload lookup a subquery run per envelope
+// by its key: flattened, a plan made while the tables were empty read every
+// payload of the tenant once per page (TestHotStatementPlansUseTheirKeys).
 const readStreamSQL = `
 SELECT cursor, sequence, event_identity, envelope FROM (
     SELECT st.cursor, e.sequence, e.event_identity, p.envelope,
@@ -123,6 +125,7 @@ SELECT cursor, sequence, event_identity, envelope FROM (
     LEFT JOIN LATERAL (
         SELECT CASE WHEN expires_at > now() THEN envelope END AS envelope FROM inbound_payloads
         WHERE tenant_id = $1 AND event_identity = e.event_identity
+        OFFSET 0
     ) p ON true
     WINDOW w AS (ORDER BY e.sequence)
 ) page

@@ -1,0 +1,311 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// planScan is one table access a statement must make through an index, with
+// every listed column an Index Cond and none of them a Filter.
+type planScan struct {
+	table, index string
+	cols         []string
+}
+
+// planCase is one hot statement: its SQL (store.HotSQL), realistic EXECUTE
+// arguments (SQL expressions), the scans it must make, and, for an INSERT …
+// ON CONFLICT, the arbiter index.
+type planCase struct {
+	name, args string
+	scans      []planScan
+	arbiter    string
+}
+
+var (
+	byStream    = []string{"tenant_id", "project_id", "producer_id"}
+	bySequence  = []string{"tenant_id", "project_id", "producer_id", "sequence"}
+	byIdentity  = []string{"tenant_id", "event_identity"}
+	byInIdem    = []string{"tenant_id", "idempotency_digest"}
+	byMessage   = []string{"tenant_id", "message_id"}
+	streamsPkey = planScan{"streams", "streams_pkey", byStream}
+	identPkey   = planScan{"event_identities", "event_identities_pkey", byIdentity}
+	identIdem   = planScan{"event_identities", "event_identities_idempotency_idx", byInIdem}
+	identSeq    = planScan{"event_identities", "event_identities_sequence_idx", bySequence}
+	keysPkey    = planScan{"producer_keys", "producer_keys_pkey", []string{"tenant_id", "key_id"}}
+	messagePkey = planScan{"outbox_messages", "outbox_messages_pkey", byMessage}
+)
+
+// digest is a 32-byte bytea expression; the same seed names the same row
+// seedPlanTables wrote.
+func digest(seed string) string { return fmt.Sprintf("sha256(%s::bytea)", quoteLit(seed)) }
+
+func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+var planCases = []planCase{
+	// Inbound, one envelope (ingest.go).
+	{name: "lockStream", args: `'t1', 'p1', 'd1'`, arbiter: "streams_pkey"},
+	{name: "decide", args: `'t1', 'p1', 'd1', ` + digest("e-new") + `, ` + digest("i-new") + `, ` + digest("c-new") +
+		`, 200001, 'k1', now(), '\x7b7d'::bytea, now() + interval '1 day', 1024, 'acct', 'dev', 'hex', 'corr', ` + digest("pk-1"),
+		scans: []planScan{streamsPkey, identPkey, identIdem, identSeq, keysPkey}},
+	// Inbound, set-based (ingest_set.go).
+	{name: "lockStreams", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['d1']`, arbiter: "streams_pkey"},
+	{name: "streamState", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['d1']`,
+		scans: []planScan{streamsPkey, {"event_identities", "event_identities_sequence_idx", bySequence}}},
+	{name: "lookup", args: `ARRAY['t1'], ARRAY[` + digest("e-new") + `], ARRAY[` + digest("i-new") + `], ARRAY['k1'], ARRAY[` + digest("pk-1") + `]`,
+		scans: []planScan{keysPkey, identPkey, identIdem}},
+	{name: "signedBy", args: `'t1', ` + digest("e-7") + `, ` + digest("c-7") + `, 'k1'`, scans: []planScan{identPkey}},
+	// Stream reads (streams.go).
+	{name: "stream", args: `'t1', 'p1', 'd1'`, scans: []planScan{streamsPkey}},
+	{name: "readStream", args: `'t1', 'p1', 'd1', 100, 100, 4194304`,
+		scans: []planScan{streamsPkey, identSeq, {"inbound_payloads", "inbound_payloads_pkey", byIdentity}}},
+	// Outbox enqueue (outbox.go).
+	{name: "allocate", args: `'t1', 'p1', 'svc1'`, arbiter: "outbound_streams_pkey"},
+	{name: "findOutbound", args: `'t1', 'p1', ` + digest("o-new"),
+		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_idempotency_idx", []string{"tenant_id", "project_id", "idempotency_digest"}}}},
+	{name: "messageIDs", args: `'t1', ` + digest("oe-7"),
+		scans: []planScan{{"outbox_messages", "outbox_messages_envelope_idx", byIdentity}}},
+	// The claim (outbox_delivery.go) reads each claimed message's envelope by
+	// its key.
+	{name: "claim", args: `'t1', 100, 60000000`,
+		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}}},
+}
+
+// planTables are the tables the hot statements read: autovacuum stays off on
+// them in the test database, so no ANALYZE runs but the test's own.
+var planTables = []string{"streams", "event_identities", "inbound_payloads", "producer_keys", "endpoints",
+	"outbound_streams", "outbound_envelopes", "outbox_messages", "audit_events", "secret_ref_owners"}
+
+// seedPlanTables adds rows from..to-1 to every table the hot statements
+// read, set-based. Nine rows in ten belong to tenant t1, project p1 (one
+// stream, one outbound stream): the skew that makes an index on tenant alone,
+// or on (tenant, project), look as good as the right one until statistics
+// say otherwise. Row g's digests are sha256 of "e-g", "i-g", "c-g", "o-g",
+// "oe-g"; its message is msg_ followed by g in 24 hex digits.
+func seedPlanTables(t *testing.T, db *sql.DB, from, to int) {
+	t.Helper()
+	const tenant = `(CASE WHEN g % 10 = 0 THEN 't' || (g % 100) ELSE 't1' END)`
+	stmts := []string{
+		`INSERT INTO producer_keys (tenant_id, key_id, public_key)
+SELECT ` + tenant + `, 'k' || g, sha256(('pk-' || g)::bytea) FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+SELECT ` + tenant + `, 'ep_' || lpad(to_hex(g), 24, '0'), 'p1', CASE WHEN g = 1 THEN 'task.proposals' ELSE 'topic-' || g END,
+       'https://hooks.example.test/', 'sec-' || g
+FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO streams (tenant_id, project_id, producer_id)
+SELECT ` + tenant + `, 'p1', CASE WHEN g = 1 THEN 'd1' ELSE 'd' || g END FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO event_identities (tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest,
+                              content_digest, key_id, issued_at)
+SELECT ` + tenant + `, sha256(('e-' || g)::bytea), 'p1', 'd1', g, sha256(('i-' || g)::bytea), sha256(('c-' || g)::bytea),
+       'k1', now() FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+SELECT ` + tenant + `, sha256(('e-' || g)::bytea), '\x7b7d'::bytea, now() + (g % 1000) * interval '1 hour'
+FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO outbound_streams (tenant_id, project_id, producer_id, last_sequence)
+SELECT ` + tenant + `, 'p1', 'svc' || g, 1 FROM generate_series($1::int, $2::int - 1) g`,
+		`INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
+                                idempotency_digest, request_digest, envelope)
+SELECT ` + tenant + `, sha256(('oe-' || g)::bytea), 'p1', 'svc1', g, 'task.proposals', sha256(('o-' || g)::bytea),
+       sha256(('r-' || g)::bytea), '\x7b7d'::bytea FROM generate_series($1::int, $2::int - 1) g`,
+		// Messages of t1 go to t1's endpoint; the others' to an endpoint of
+		// their own tenant (row g - g % 100 + g % 100 shares g's tenant).
+		`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity, status,
+                             attempts, max_attempts, budget, next_attempt_at, delivered_at, dead_at)
+SELECT ` + tenant + `, 'msg_' || lpad(to_hex(g), 24, '0'), 'p1', 'task.proposals',
+       'ep_' || lpad(to_hex(CASE WHEN g % 10 = 0 THEN g % 100 + 100 ELSE 1 END), 24, '0'), sha256(('oe-' || g)::bytea),
+       s.status, 1, 12, 12, CASE WHEN s.status = 'pending' THEN now() END,
+       CASE WHEN s.status = 'delivered' THEN now() END, CASE WHEN s.status = 'dead' THEN now() END
+FROM generate_series($1::int, $2::int - 1) g,
+     LATERAL (SELECT CASE WHEN g % 7 = 0 THEN 'dead' WHEN g % 13 = 0 THEN 'pending' ELSE 'delivered' END) s(status)`,
+	}
+	for _, q := range stmts {
+		if _, err := db.Exec(q, from, to); err != nil {
+			t.Fatalf("seed %d..%d: %v\n%s", from, to, err, q)
+		}
+	}
+}
+
+// TestHotStatementPlansUseTheirKeys runs EXPLAIN on every hot statement,
+// custom and generic plans (a pooled connection keeps the generic plan it
+// made on an empty table until something invalidates it), on three table
+// states: empty and never analyzed, fresh (rows just written, never
+// analyzed), and large, skewed and analyzed. Every table access must go
+// through its key with each equality column in the Index Cond.
+func TestHotStatementPlansUseTheirKeys(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, tbl := range planTables {
+		if _, err := f.admin.ExecContext(ctx, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The endpoints and messages of the non-t1 tenants (rows 100..199 in
+	// seedPlanTables' numbering) exist before the messages that name them.
+	states := []struct {
+		name    string
+		prepare func()
+	}{
+		{"empty", func() {
+			if n := f.count(`SELECT count(*) FROM pg_class WHERE relname = ANY ($1) AND reltuples >= 0`, planTablesArray()); n != 0 {
+				t.Fatalf("%d of the tables were analyzed already; the empty state needs never-analyzed tables", n)
+			}
+		}},
+		{"fresh", func() { seedPlanTables(t, f.admin, 1, 5000) }},
+		{"large", func() {
+			seedPlanTables(t, f.admin, 5000, 100000)
+			if _, err := f.admin.ExecContext(ctx, `ANALYZE `+strings.Join(planTables, ", ")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, st := range states {
+		st.prepare()
+		for _, c := range planCases {
+			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+				plan := explainPlan(t, f.admin, store.HotSQL[c.name], c.args, mode)
+				for _, problem := range checkPlan(plan, c) {
+					t.Errorf("%s, %s, %s: %s", st.name, c.name, mode, problem)
+				}
+			}
+		}
+	}
+}
+
+func planTablesArray() string { return "{" + strings.Join(planTables, ",") + "}" }
+
+// explainPlan prepares query on a connection of its own (a fresh plan for
+// the current table state) and returns EXPLAIN (FORMAT JSON)'s root node.
+func explainPlan(t *testing.T, db *sql.DB, query, args, mode string) map[string]any {
+	t.Helper()
+	if query == "" {
+		t.Fatal("no such statement in store.HotSQL")
+	}
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `PREPARE hot AS `+query); err != nil {
+		t.Fatalf("prepare: %v\n%s", err, query)
+	}
+	defer conn.ExecContext(ctx, `DEALLOCATE hot`) //nolint:errcheck // the connection goes back to the pool either way
+	if _, err := conn.ExecContext(ctx, `SET plan_cache_mode = `+mode); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(ctx, `RESET plan_cache_mode`) //nolint:errcheck
+	var out []byte
+	if err := conn.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) EXECUTE hot (`+args+`)`).Scan(&out); err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	var doc []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil || len(doc) != 1 {
+		t.Fatalf("explain output: %v", err)
+	}
+	return doc[0].Plan
+}
+
+// checkPlan lists what is wrong with plan: a scan of one of c's tables that
+// is not through one of the listed indexes, a listed column missing from the
+// Index Cond or present in the Filter, a listed scan that never happens, an
+// arbiter that is not the key.
+func checkPlan(plan map[string]any, c planCase) []string {
+	var problems []string
+	want := map[string][]planScan{}
+	for _, s := range c.scans {
+		want[s.table] = append(want[s.table], s)
+	}
+	seen := map[string]bool{} // table + index
+	arbiter := false
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		typ, _ := n["Node Type"].(string)
+		if idx, ok := n["Conflict Arbiter Indexes"].([]any); ok {
+			for _, a := range idx {
+				arbiter = arbiter || a == c.arbiter
+			}
+		}
+		rel, _ := n["Relation Name"].(string)
+		if scans, ok := want[rel]; ok && typ != "ModifyTable" {
+			index, _ := n["Index Name"].(string)
+			cond, _ := n["Index Cond"].(string)
+			filter, _ := n["Filter"].(string)
+			switch typ {
+			case "Bitmap Heap Scan":
+				// One bitmap of one index is a lookup by that index.
+				if kids, _ := n["Plans"].([]any); len(kids) == 1 {
+					if k, _ := kids[0].(map[string]any); k["Node Type"] == "Bitmap Index Scan" {
+						index, _ = k["Index Name"].(string)
+						cond, _ = k["Index Cond"].(string)
+					}
+				}
+			case "Tid Scan":
+				index, cond = "ctid", fmt.Sprint(n["TID Cond"])
+			}
+			var match *planScan
+			for i := range scans {
+				if scans[i].index == index {
+					match = &scans[i]
+				}
+			}
+			switch {
+			case match == nil:
+				problems = append(problems, fmt.Sprintf("%s on %s (index %q), want one of %v", typ, rel, index, scans))
+			default:
+				seen[rel+" "+index] = true
+				for _, col := range match.cols {
+					if !mentions(cond, col) {
+						problems = append(problems, fmt.Sprintf("%s using %s: %s not in Index Cond %q", typ, index, col, cond))
+					}
+					if mentions(filter, col) {
+						problems = append(problems, fmt.Sprintf("%s using %s: %s in Filter %q", typ, index, col, filter))
+					}
+				}
+			}
+		}
+		children, _ := n["Plans"].([]any)
+		for _, ch := range children {
+			if m, ok := ch.(map[string]any); ok {
+				walk(m)
+			}
+		}
+	}
+	walk(plan)
+	for _, s := range c.scans {
+		if !seen[s.table+" "+s.index] {
+			problems = append(problems, fmt.Sprintf("no scan of %s using %s", s.table, s.index))
+		}
+	}
+	if c.arbiter != "" && !arbiter {
+		problems = append(problems, "conflict arbiter is not "+c.arbiter)
+	}
+	if len(problems) > 0 {
+		b, _ := json.MarshalIndent(plan, "", " ")
+		problems = append(problems, "plan:\n"+compactPlan(string(b)))
+	}
+	return problems
+}
+
+var planKeyRE = regexp.MustCompile(`"(Node Type|Relation Name|Index Name|Index Cond|Filter|Recheck Cond)": (".*")`)
+
+// compactPlan keeps the lines of a JSON plan that say how a table is read.
+func compactPlan(js string) string {
+	var b strings.Builder
+	for _, m := range planKeyRE.FindAllStringSubmatch(js, -1) {
+		b.WriteString("  " + m[1] + ": " + m[2] + "\n")
+	}
+	return b.String()
+}
+
+// mentions reports whether expr compares column col (qualified or not).
+func mentions(expr, col string) bool {
+	return regexp.MustCompile(`(^|[(\s.])` + regexp.QuoteMeta(col) + `\s*(=|<>|>=|<=|>|<|IS\b)`).MatchString(expr)
+}
