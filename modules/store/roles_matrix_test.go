@@ -14,7 +14,7 @@ import (
 )
 
 // grantMatrix is every privilege each role holds after the migrations
-// (migrations/0001 to 0005): table-level privileges, UPDATE granted on
+// (migrations/0001 to 0007): table-level privileges, UPDATE granted on
 // columns only, and SELECT granted on columns only. Anything not listed must
 // not be held.
 var grantMatrix = map[string]struct {
@@ -31,6 +31,7 @@ var grantMatrix = map[string]struct {
 			"audit_events":       "INSERT",
 			"outbound_streams":   "SELECT,INSERT",
 			"outbound_envelopes": "SELECT,INSERT", "outbox_messages": "SELECT,INSERT",
+			"outbox_attempts": "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages":  {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
@@ -46,7 +47,7 @@ var grantMatrix = map[string]struct {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
 			"outbox_messages":   "SELECT", "endpoints": "SELECT", "outbound_envelopes": "SELECT",
-			"secret_ref_owners": "SELECT",
+			"secret_ref_owners": "SELECT", "outbox_attempts": "INSERT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"attempts", "dead_at", "delivered_at", "last_error_code", "lease_expires_at",
@@ -71,6 +72,7 @@ var grantMatrix = map[string]struct {
 			"endpoints":         "SELECT,INSERT",
 			"outbox_messages":   "SELECT",
 			"secret_ref_owners": "SELECT",
+			"outbox_attempts":   "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
