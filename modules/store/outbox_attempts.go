@@ -6,7 +6,9 @@ package store
 // (claimSQL). Nothing else writes them; the retention janitor deletes them
 // with the outbound body (§8.9). They hold only what explains a failure: no
 // body, header, secret or payload can reach them, since the code is one of
-// the fixed Code* strings and the status a number.
+// the fixed Code* strings and the status a number. started_at is the
+// worker's clock for a settled attempt (just before its request) and the
+// database's for an expired lease (the claim that leased it).
 
 import (
 	"cmp"
@@ -16,13 +18,15 @@ import (
 	"time"
 )
 
-// AttemptResult is what an attempt left the message in.
+// AttemptResult is what an attempt left the message in. A settle records
+// the status it set (recordAttemptSQL), so delivered and dead are those
+// statuses by definition.
 type AttemptResult string
 
 const (
-	AttemptDelivered AttemptResult = "delivered"
+	AttemptDelivered AttemptResult = StatusDelivered
 	AttemptRetry     AttemptResult = "retry" // pending again
-	AttemptDead      AttemptResult = "dead"
+	AttemptDead      AttemptResult = StatusDead
 	// AttemptLeaseExpired: the worker holding the attempt did not settle it
 	// before its lease ran out (it died, hung, or lost the database); what
 	// the receiver saw is unknown. The next claim records it.
