@@ -94,8 +94,8 @@ func TestSettledAttemptsAreRecordedAndLogged(t *testing.T) {
 		t.Fatalf("%d attempt lines, want 3 (one per settled attempt):\n%s", len(lines), logs.b.String())
 	}
 	wantKeys := map[string][]string{
-		"1": {"attempt", "duration_ms", "endpoint_id", "error_code", "http_status", "level", "message_id", "msg", "result", "tenant_id", "time"},
-		"2": {"attempt", "duration_ms", "endpoint_id", "http_status", "level", "message_id", "msg", "result", "tenant_id", "time"},
+		"1": {"attempt", "duration_ms", "endpoint_id", "error_code", "http_status", "level", "message_id", "msg", "result", "time"},
+		"2": {"attempt", "duration_ms", "endpoint_id", "http_status", "level", "message_id", "msg", "result", "time"},
 	}
 	var seen []string
 	for _, l := range lines {
@@ -118,7 +118,7 @@ func TestSettledAttemptsAreRecordedAndLogged(t *testing.T) {
 		if !slices.Equal(keys, wantKeys[n]) {
 			t.Errorf("attempt %s line has %v, want exactly %v", n, keys, wantKeys[n])
 		}
-		if l["endpoint_id"] != ep || l["tenant_id"] != "t1" {
+		if l["endpoint_id"] != ep {
 			t.Errorf("attempt %s line %v", n, l)
 		}
 		if n == "1" && (l["http_status"] != float64(503) || l["error_code"] != store.CodeHTTP5xx || l["result"] != "retry") {

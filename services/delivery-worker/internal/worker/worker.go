@@ -440,12 +440,14 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 }
 
 // logSettled is the one line of a settled attempt (contract §8.8): ids,
-// attempt, status, code and duration, the fields of its history row, and
-// nothing else. The URL is left out (its query may hold a token), and so is
-// anything of the answer but its status.
+// attempt, status (the result, and the HTTP status when an answer came),
+// code and duration, the fields of its history row, and nothing else. The
+// message and endpoint ids are unique on their own, so the tenant id stays
+// out of the worker's logs as everywhere else in them; so does the URL (its
+// query may hold a token), and anything of the answer but its status.
 func (w *Worker) logSettled(c store.Claimed, verdict sender.Verdict, res sender.Result, took time.Duration) {
 	attrs := []slog.Attr{
-		slog.String("tenant_id", c.TenantID), slog.String("message_id", c.MessageID),
+		slog.String("message_id", c.MessageID),
 		slog.String("endpoint_id", c.EndpointID), slog.Int("attempt", c.Attempt),
 		slog.String("result", verdict.String()), slog.Int64("duration_ms", took.Milliseconds()),
 	}
