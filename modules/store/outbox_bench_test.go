@@ -83,8 +83,10 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 	}
 }
 
-// resetOutbox makes every message of tenant due again and vacuums, so each
-// iteration starts from the same table shape.
+// resetOutbox makes every message of tenant due again, drops its attempt
+// history (attempts count from 1 again, and each settle must write its row
+// as on a first delivery) and vacuums, so each iteration starts from the
+// same table shape.
 func resetOutbox(b *testing.B, s *store.Store, tenant string) {
 	b.Helper()
 	db := s.DB().DB
@@ -92,7 +94,10 @@ func resetOutbox(b *testing.B, s *store.Store, tenant string) {
 		lease_expires_at = NULL, delivered_at = NULL, updated_at = now() WHERE tenant_id = $1`, tenant); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := db.Exec(`VACUUM ANALYZE outbox_messages`); err != nil {
+	if _, err := db.Exec(`DELETE FROM outbox_attempts WHERE tenant_id = $1`, tenant); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Exec(`VACUUM ANALYZE outbox_messages, outbox_attempts`); err != nil {
 		b.Fatal(err)
 	}
 }
