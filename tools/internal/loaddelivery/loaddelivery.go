@@ -365,7 +365,8 @@ func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 		}
 		ss := make([]store.Settlement, len(claimed))
 		for i, c := range claimed {
-			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}
+			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
+				StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: http.StatusNoContent} // timed, as the worker settles
 		}
 		res, err := st.SettleBatch(ctx, tenant, ss)
 		if err != nil {
