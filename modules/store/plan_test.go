@@ -75,12 +75,18 @@ var planCases = []planCase{
 	// its key.
 	{name: "claim", args: `'t1', 100, 60000000`,
 		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}}},
+	// A message's latest attempts, by the history's key (outbox_attempts.go).
+	// The history's inserts (claimSQL, recordAttemptSQL) read nothing of
+	// it: their ON CONFLICT has no target (the worker may not read the
+	// table), so there is no arbiter to check either.
+	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001', 100`,
+		scans: []planScan{{"outbox_attempts", "outbox_attempts_pkey", byMessage}}},
 }
 
 // planTables are the tables the hot statements read: autovacuum stays off on
 // them in the test database, so no ANALYZE runs but the test's own.
 var planTables = []string{"streams", "event_identities", "inbound_payloads", "producer_keys", "endpoints",
-	"outbound_streams", "outbound_envelopes", "outbox_messages", "audit_events", "secret_ref_owners"}
+	"outbound_streams", "outbound_envelopes", "outbox_messages", "audit_events", "secret_ref_owners", "outbox_attempts"}
 
 // seedPlanTables adds rows from..to-1 to every table the hot statements
 // read, set-based. Nine rows in ten belong to tenant t1, project p1 (one
@@ -123,6 +129,11 @@ SELECT ` + tenant + `, 'msg_' || lpad(to_hex(g), 24, '0'), 'p1', 'task.proposals
        CASE WHEN s.status = 'delivered' THEN now() END, CASE WHEN s.status = 'dead' THEN now() END
 FROM generate_series($1::int, $2::int - 1) g,
      LATERAL (SELECT CASE WHEN g % 7 = 0 THEN 'dead' WHEN g % 13 = 0 THEN 'pending' ELSE 'delivered' END) s(status)`,
+		// One to three attempts a message: the history is a few times the
+		// size of the messages, all under one tenant's key prefix.
+		`INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
+SELECT ` + tenant + `, 'msg_' || lpad(to_hex(g), 24, '0'), a, now(), g % 500, 503, 'http_5xx', 'retry'
+FROM generate_series($1::int, $2::int - 1) g, generate_series(1, 1 + g % 3) a`,
 	}
 	for _, q := range stmts {
 		if _, err := db.Exec(q, from, to); err != nil {

@@ -80,6 +80,10 @@ func commands() []*command {
 			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList},
 			{name: "replay", summary: "put a dead letter back to pending with a fresh attempt budget", run: runDLQReplay},
 		}},
+		{name: "outbox", summary: "inspect outbox messages and their delivery attempts", subs: []*command{
+			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow},
+			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts},
+		}},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify},
 	}
 }

@@ -294,6 +294,64 @@ func (s *Server) getOutboxMessage(c echo.Context) error {
 	return nil
 }
 
+// attemptEntry is one entry of GET /v1/outbox/{id}/attempts (contract
+// §8.8); null for no answer and no code.
+type attemptEntry struct {
+	Attempt    int     `json:"attempt"`
+	StartedAt  string  `json:"started_at"`
+	DurationMS int64   `json:"duration_ms"`
+	HTTPStatus *int    `json:"http_status"`
+	ErrorCode  *string `json:"error_code"`
+	Result     string  `json:"result"`
+}
+
+type attemptsBody struct {
+	Attempts []attemptEntry `json:"attempts"`
+}
+
+func attemptsAnswer(as []store.Attempt) attemptsBody {
+	out := attemptsBody{Attempts: make([]attemptEntry, 0, len(as))}
+	for _, a := range as {
+		e := attemptEntry{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+			Result: string(a.Result)}
+		if a.HTTPStatus != 0 {
+			status := a.HTTPStatus
+			e.HTTPStatus = &status
+		}
+		if a.ErrorCode != "" {
+			code := a.ErrorCode
+			e.ErrorCode = &code
+		}
+		out.Attempts = append(out.Attempts, e)
+	}
+	return out
+}
+
+// getOutboxAttempts is GET /v1/outbox/{message_id}/attempts: the message's
+// latest store.MaxAttemptHistory attempts, oldest first, for the same
+// credentials and with the same refusals as GET /v1/outbox/{message_id}.
+func (s *Server) getOutboxAttempts(c echo.Context) error {
+	id, ok := s.admit(c)
+	if !ok {
+		return nil
+	}
+	if id.Role != store.RoleService && id.Role != store.RoleOperator {
+		return s.refuse(c, reasonForbidden)
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	as, err := s.store.OutboxAttempts(ctx, id.TenantID, c.Param("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		return s.refuse(c, reasonNotFound)
+	}
+	if err != nil {
+		return s.unavailable(c, "outbox_attempts", err)
+	}
+	state(c).outcome = "read"
+	writeJSON(c, http.StatusOK, attemptsAnswer(as))
+	return nil
+}
+
 type deadLetter struct {
 	MessageID  string `json:"message_id"`
 	EndpointID string `json:"endpoint_id"`

@@ -148,6 +148,10 @@
 // invalid_page) and POST /v1/dead-letters/{message_id}/replay (operator; 409
 // not_dead) take the tenant from the credential: another tenant's message id
 // is 404 not_found, like an unknown one. Unset status fields are null.
+// GET /v1/outbox/{message_id}/attempts (service or operator, contract §8.8)
+// answers as GET /v1/outbox/{message_id} does for unknown and foreign ids,
+// and otherwise the latest 100 attempts, oldest first (an empty list for a
+// message never attempted).
 //
 // # Other answers
 //
@@ -366,6 +370,7 @@ func (s *Server) routes() *echo.Echo {
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
 	v1.POST("/outbox", s.postOutbox)
 	v1.GET("/outbox/:id", s.getOutboxMessage)
+	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
 	return e
