@@ -6,16 +6,16 @@ const ClaimSQL = claimSQL
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
 // checks, by name.
 var HotSQL = map[string]string{
-	"lockStream":   lockStreamSQL,
-	"decide":       decideSQL,
-	"lockStreams":  lockStreamsSQL,
-	"streamState":  streamStateSQL,
-	"lookup":       lookupSQL,
-	"signedBy":     signedBySQL,
-	"stream":       streamSQL,
-	"readStream":   readStreamSQL,
-	"allocate":     allocateSequenceSQL,
-	"findOutbound": findOutboundByKeySQL,
-	"messageIDs":   messageIDsSQL,
-	"claim":        claimSQL,
+	"lockStream":     lockStreamSQL,
+	"decide":         decideSQL,
+	"lockStreams":    lockStreamsSQL,
+	"streamState":    streamStateSQL,
+	"lookup":         lookupSQL,
+	"signedBy":       signedBySQL,
+	"stream":         streamSQL,
+	"readStream":     readStreamSQL,
+	"lockOutbound":   lockOutboundStreamsSQL,
+	"outboundByKey":  outboundByKeySQL,
+	"topicEndpoints": topicEndpointsSQL,
+	"claim":          claimSQL,
 }
