@@ -287,10 +287,12 @@ type Server struct {
 	bodies  *bodyBudget
 	// activeKeys lets the single route skip the key lookup (see keys.go).
 	activeKeys *activeKeys
-	commit     *committer
-	keys       outboundkeys.Source
-	ready      *store.Readiness
-	echo       *echo.Echo
+	commit     *committer[store.BatchItem, store.Result]
+	// outboxCommit is the group commit of POST /v1/outbox (contract §8.6).
+	outboxCommit *committer[store.EnqueueItem, store.EnqueueAnswer]
+	keys         outboundkeys.Source
+	ready        *store.Readiness
+	echo         *echo.Echo
 }
 
 // New builds the server over st. Metrics register on reg (use a private
@@ -331,6 +333,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.outboxCommit = newOutboxCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()
 	return s, nil
 }
@@ -343,6 +346,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // store.
 func (s *Server) Close(ctx context.Context) error {
 	s.commit.close()
+	s.outboxCommit.close()
 	return errors.Join(s.peer.Close(ctx), s.sync.Close(ctx), s.outbox.Close(ctx))
 }
 
@@ -365,6 +369,7 @@ func (s *Server) routes() *echo.Echo {
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
 	v1.POST("/outbox", s.postOutbox)
+	v1.POST("/outbox/batch", s.postOutboxBatch)
 	v1.GET("/outbox/:id", s.getOutboxMessage)
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
