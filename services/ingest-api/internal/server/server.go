@@ -136,8 +136,19 @@
 // parsing and no database work, and a credential of the wrong role is
 // limited like any other; it is a limiter of its own (OUTBOX_LIMIT_TOKENS
 // per OUTBOX_LIMIT_INTERVAL, by default the SYNC_LIMIT_* values), so
-// enqueues never spend sync-ingest tokens or the reverse. A batch route
-// takes one token per message with takeOutbox. Enqueues are not audited:
+// enqueues never spend sync-ingest tokens or the reverse. Enqueues go
+// through their own group commit (outboxCommit, contract §8.6): concurrent
+// requests of any stream share one store.EnqueueBatch transaction, a
+// stream's new envelopes take consecutive sequences in arrival order, and
+// each is signed once its sequence is allocated, inside that transaction.
+// POST /v1/outbox/batch (contract §8.5) takes {"messages":[…]} of 1–100
+// bodies (a malformed wrapper, or a count outside that, is the whole
+// request's 400 invalid_request; the body limit is the request's), one
+// outbox-limiter token per message (the first refused: the whole request's
+// 429; a later one: that and every following item rate_limited), and
+// answers 200 {"results":[…]}: each item's POST /v1/outbox answer plus
+// "status", as if sent one by one, all committed in one transaction or the
+// whole request is 503. Enqueues are not audited:
 // the outbound envelope, its sequence and its messages are the record;
 // replays are audited (outcome replayed, by the store, in the replay's
 // transaction).
