@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -132,9 +133,10 @@ type EnqueueAnswer struct {
 // it returns, or it returns an error and nothing was. An invalid item fails
 // the whole batch with ErrInvalid before any database work.
 //
-// Build runs for the new items while their stream locks are held (signing is
-// about 20 µs an envelope), and may run again if the transaction is rerun
-// after losing a race.
+// Build runs for the new items while their stream locks are held, the
+// builds of different items at once on every core (see decide); an item's
+// Build may run again if the transaction is rerun after losing a race, or if
+// an earlier item's Build failed and moved its sequence.
 func (s *Store) EnqueueBatch(ctx context.Context, items []EnqueueItem) ([]EnqueueAnswer, error) {
 	return s.enqueueBatch(ctx, items, nil)
 }
@@ -312,7 +314,68 @@ type idemKey struct {
 
 // decide answers every item in order and builds the new ones, returning the
 // answers and the write statement's arguments (nil when nothing is new).
+//
+// Signing is the CPU-heavy part, and it runs while the stream locks are held
+// (and, under the group committer, while the next group waits for its turn
+// to be decided), so a set with several new items is built on every core: a
+// first pass plans which item takes which sequence as if every Build
+// succeeds, the builds run in parallel, and the real pass uses them. Should a
+// Build fail, the items after it in its stream take other sequences than
+// planned, and the real pass builds those again, in order.
 func (b *enqueueSet) decide(st enqueueState) ([]EnqueueAnswer, []any, error) {
+	var plan []plannedBuild
+	if _, _, err := b.decideWith(st, func(i int, seq int64) ([]byte, string, error) {
+		plan = append(plan, plannedBuild{item: i, seq: seq})
+		return []byte("{}"), plannedIdentity, nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	if len(plan) < minParallelBuilds {
+		return b.decideWith(st, func(i int, seq int64) ([]byte, string, error) { return b.items[i].Request.Build(seq) })
+	}
+	built := make(map[int]*plannedBuild, len(plan))
+	var wg sync.WaitGroup
+	next := make(chan *plannedBuild)
+	for range min(runtime.GOMAXPROCS(0), len(plan)) {
+		wg.Go(func() {
+			for p := range next {
+				p.canonical, p.identity, p.err = b.items[p.item].Request.Build(p.seq)
+			}
+		})
+	}
+	for i := range plan {
+		built[plan[i].item] = &plan[i]
+		next <- &plan[i]
+	}
+	close(next)
+	wg.Wait()
+	return b.decideWith(st, func(i int, seq int64) ([]byte, string, error) {
+		if p := built[i]; p != nil && p.seq == seq {
+			return p.canonical, p.identity, p.err
+		}
+		return b.items[i].Request.Build(seq)
+	})
+}
+
+// minParallelBuilds is the fewest new items built in parallel; below it the
+// goroutines cost more than they save.
+const minParallelBuilds = 4
+
+// plannedIdentity stands for a planned build's event identity.
+const plannedIdentity = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// plannedBuild is one new item's build at the sequence the plan gave it.
+type plannedBuild struct {
+	item      int
+	seq       int64
+	canonical []byte
+	identity  string
+	err       error
+}
+
+// decideWith is decide's one pass in item order; build makes item i's
+// envelope for seq.
+func (b *enqueueSet) decideWith(st enqueueState, build func(i int, seq int64) ([]byte, string, error)) ([]EnqueueAnswer, []any, error) {
 	const op = "enqueue"
 	answers := make([]EnqueueAnswer, len(b.items))
 	// What earlier items of this set created, by idempotency key.
@@ -351,7 +414,7 @@ func (b *enqueueSet) decide(st enqueueState) ([]EnqueueAnswer, []any, error) {
 		if !ok {
 			seq = st.last[sk] + 1
 		}
-		canonical, eventIdentity, err := r.Build(seq)
+		canonical, eventIdentity, err := build(i, seq)
 		if err != nil {
 			answers[i].Err = fmt.Errorf("store: enqueue: build envelope: %w", err)
 			continue

@@ -199,3 +199,25 @@ func TestEnqueueBatchConcurrentSequencesContiguous(t *testing.T) {
 		t.Fatalf("last sequence %d, want %d", n, workers*per)
 	}
 }
+
+// A batch of new items builds each envelope once, in parallel, at the
+// sequence it commits with.
+func TestEnqueueBatchBuildsEachOnce(t *testing.T) {
+	f := newFixture(t)
+	f.addEndpoint("t1", "p1", "task.proposals")
+	outs := make([]outReq, 12)
+	items := make([]store.EnqueueItem, len(outs))
+	for i := range outs {
+		outs[i] = out(fmt.Sprintf("k-%d", i), `{}`)
+		items[i] = store.EnqueueItem{Actor: actor("t1", "svc1"), Request: outs[i].request()}
+	}
+	as, err := f.s.EnqueueBatch(context.Background(), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range as {
+		if a.Err != nil || seqOf(t, a.Result.Envelope) != int64(i+1) || outs[i].builds.Load() != 1 {
+			t.Fatalf("item %d: %+v, %d builds; want sequence %d built once", i, a, outs[i].builds.Load(), i+1)
+		}
+	}
+}
