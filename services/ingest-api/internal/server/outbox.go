@@ -198,8 +198,8 @@ func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
 	case errors.Is(err, store.ErrNoEndpoint):
 		return enqueueReply{reason: reasonNoEndpoint}, nil
 	case errors.Is(err, store.ErrInvalid):
-		// Everything the store checks was checked before, except the
-		// credential's device as a producer id.
+		// The envelope built from the request came out unusable: a
+		// permanent answer, as below.
 		return enqueueReply{reason: reasonInvalidRequest}, nil
 	case errors.As(err, &envErr):
 		// The request fit its limits but the envelope built from it does
@@ -270,6 +270,11 @@ func (s *Server) postOutbox(c echo.Context) error {
 	st := state(c)
 	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
 	a, err := s.outboxCommit.submit(ctx, item)
+	if errors.Is(err, store.ErrInvalid) {
+		// Everything the store checks was checked above, except the
+		// credential's device as a producer id.
+		return s.refuse(c, reasonInvalidRequest)
+	}
 	if err != nil {
 		return s.unavailable(c, "enqueue", err)
 	}
@@ -365,6 +370,9 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		cancel()
 		if err == nil && len(answers) != len(items) {
 			err = errors.New("store returned an answer count unlike the item count")
+		}
+		if errors.Is(err, store.ErrInvalid) {
+			return s.refuse(c, reasonInvalidRequest) // as in postOutbox: the credential's device
 		}
 		if err != nil {
 			return s.unavailable(c, "enqueue_batch", err)
