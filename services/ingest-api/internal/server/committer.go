@@ -20,9 +20,10 @@ var errCommitterClosed = errors.New("group committer closed")
 // requests (any tenant, any stream) are queued, and each flush runs one
 // batch call of the store for everything queued (store.IngestBatch for
 // POST /v1/envelopes, store.EnqueueBatch for POST /v1/outbox, contract
-// §8.6), so many requests share one transaction and one WAL flush. Every request is answered only after the
-// shared commit; if the transaction fails, every request in it gets the
-// error (503: nothing acknowledged, retrying is safe).
+// §8.6), so many requests share one transaction and one WAL flush. Every
+// request is answered only after the shared commit; if the transaction
+// fails, every request in it gets the error (503: nothing acknowledged,
+// retrying is safe).
 //
 // Batching is self-clocking: a group takes whatever queued while the group
 // before it was being decided, so an idle server commits a lone request at
