@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery soak chaos
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-outbox bench-janitor bench-delivery soak chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -42,6 +42,9 @@ bench-ingest: ## ingest-api over HTTP beside pgbench, same database, same run
 
 bench-janitor: ## janitor delete throughput and its effect on concurrent ingest p99
 	scripts/bench-janitor.sh
+
+bench-outbox: ## POST /v1/outbox: one busy producer vs sixteen, batch vs single (alternating rounds)
+	scripts/bench-outbox.sh
 
 bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle loop
 	scripts/bench-delivery.sh

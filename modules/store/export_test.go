@@ -14,9 +14,9 @@ var HotSQL = map[string]string{
 	"signedBy":       signedBySQL,
 	"stream":         streamSQL,
 	"readStream":     readStreamSQL,
-	"allocate":       allocateSequenceSQL,
-	"findOutbound":   findOutboundByKeySQL,
-	"messageIDs":     messageIDsSQL,
+	"lockOutbound":   lockOutboundStreamsSQL,
+	"outboundByKey":  outboundByKeySQL,
+	"topicEndpoints": topicEndpointsSQL,
 	"claim":          claimSQL,
 	"outboxAttempts": outboxAttemptsSQL,
 }

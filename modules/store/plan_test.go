@@ -65,12 +65,16 @@ var planCases = []planCase{
 	{name: "stream", args: `'t1', 'p1', 'd1'`, scans: []planScan{streamsPkey}},
 	{name: "readStream", args: `'t1', 'p1', 'd1', 100, 100, 4194304`,
 		scans: []planScan{streamsPkey, identSeq, {"inbound_payloads", "inbound_payloads_pkey", byIdentity}}},
-	// Outbox enqueue (outbox.go).
-	{name: "allocate", args: `'t1', 'p1', 'svc1'`, arbiter: "outbound_streams_pkey"},
-	{name: "findOutbound", args: `'t1', 'p1', ` + digest("o-new"),
-		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_idempotency_idx", []string{"tenant_id", "project_id", "idempotency_digest"}}}},
-	{name: "messageIDs", args: `'t1', ` + digest("oe-7"),
-		scans: []planScan{{"outbox_messages", "outbox_messages_envelope_idx", byIdentity}}},
+	// Outbox enqueue (outbox_batch.go).
+	{name: "lockOutbound", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['svc1']`,
+		scans: []planScan{{"outbound_streams", "outbound_streams_pkey", byStream}}},
+	{name: "outboundByKey", args: `ARRAY['t1'], ARRAY['p1'], ARRAY[` + digest("o-new") + `]`,
+		scans: []planScan{
+			{"outbound_envelopes", "outbound_envelopes_idempotency_idx", []string{"tenant_id", "project_id", "idempotency_digest"}},
+			{"outbox_messages", "outbox_messages_envelope_idx", byIdentity},
+		}},
+	{name: "topicEndpoints", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['task.proposals'], 64`,
+		scans: []planScan{{"endpoints", "endpoints_topic_idx", []string{"tenant_id", "project_id", "topic"}}}},
 	// The claim (outbox_delivery.go) reads each claimed message's envelope by
 	// its key.
 	{name: "claim", args: `'t1', 100, 60000000`,
