@@ -13,6 +13,13 @@
 #                             every min(this, 100ms); the worker's default is 500ms)
 #   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
 #                             compared settings alternate on a machine whose load drifts
+#   BENCH_RIVER=1             also run River on no-op jobs with ~1 KiB arguments once a round, after the
+#                             workers (tools/loadgen-river: as many River workers as DELIVERY_CONCURRENCY,
+#                             FetchPollInterval BENCH_POLL, the same backlog size): the reference of issue 14
+#                             (one worker >= 1.0x River). 0 skips it.
+#   BENCH_PROFILE_DIR=        when set, each worker run writes the first worker's CPU profile of the drain
+#                             and, if the server preloads pg_stat_statements, the drain's statements, to
+#                             DIR/round-R-workers-W-share-S/ (loadgen-delivery --profile-dir)
 #
 #   BENCH_SHARES="default off" BENCH_WORKERS=1 BENCH_ROUNDS=5 scripts/bench-delivery.sh
 #                             one tenant against a fast sink with the tenant share on and off
@@ -31,6 +38,8 @@ concurrency=${BENCH_CONCURRENCY:-200}
 shares=${BENCH_SHARES:-default}
 rounds=${BENCH_ROUNDS:-1}
 poll=${BENCH_POLL:-10ms}
+river=${BENCH_RIVER:-1}
+profile_dir=${BENCH_PROFILE_DIR:-}
 for s in $shares; do
 	case $s in
 	default | off) ;;
@@ -44,7 +53,7 @@ need go "install Go 1.26"
 
 started_pg=0
 admin=""
-db=envelopeworker_bench_delivery
+db=envelopeworker_bench_delivery_$$ # per run: several runs may share one server
 cleanup() {
 	if [ -n "$admin" ]; then
 		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
@@ -63,6 +72,10 @@ log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 (cd "$root" && go build -o "$bindir/envctl" ./tools/envctl) || die "go build envctl failed"
 (cd "$root" && go build -o "$bindir/delivery-worker" ./services/delivery-worker) || die "go build delivery-worker failed"
 (cd "$root" && go build -o "$bindir/loadgen-delivery" ./tools/loadgen-delivery) || die "go build loadgen-delivery failed"
+if [ "$river" = 1 ]; then
+	# Its own module, outside go.work: River's dependencies stay out of the services'.
+	(cd "$root/tools/loadgen-river" && GOWORK=off go build -o "$bindir/loadgen-river" .) || die "go build loadgen-river failed"
+fi
 
 field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9.e+-]+).*/\1/p'; }
 rows=()
@@ -80,8 +93,11 @@ for r in $(seq "$rounds"); do
 			dsn=$(dsn_with_db "$admin" "$db")
 			"$bindir/envctl" migrate --database-url "$dsn" >&2
 			log "round $r: $w worker(s), $messages messages, concurrency $concurrency, tenant share $s"
+			prof=()
+			if [ -n "$profile_dir" ]; then prof=(--profile-dir "$profile_dir/round-$r-workers-$w-share-$s"); fi
 			out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
-				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages")
+				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" \
+				${prof[@]+"${prof[@]}"})
 			log "$out"
 			row "$r" "$w" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
 				"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
@@ -90,6 +106,15 @@ for r in $(seq "$rounds"); do
 				"$(field "$out" load_average_1m)"
 		done
 	done
+	if [ "$river" = 1 ]; then
+		fresh_db "$admin" "$db"
+		dsn=$(dsn_with_db "$admin" "$db")
+		log "round $r: River, $messages no-op jobs, $concurrency workers"
+		out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll")
+		log "$out"
+		row "$r" "River" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
+			"$(field "$out" load_average_1m)"
+	fi
 done
 
 echo
