@@ -15,7 +15,6 @@ var HotSQL = map[string]string{
 	"findOutbound": findOutboundByKeySQL,
 	"messageIDs":   messageIDsSQL,
 	"claim":        claimSQL,
-	"dueTenants":   dueTenantsSQL,
 	// Settles, replay and message reads (outbox_delivery.go, outbox.go).
 	"markDelivered":   markDeliveredSQL,
 	"markRetry":       markRetrySQL,

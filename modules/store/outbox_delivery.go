@@ -36,34 +36,16 @@ JOIN endpoints e ON e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id
 WHERE m.status IN ('pending', 'delivering') AND m.next_attempt_at <= now() AND e.state = 'active'`
 
 // dueTenantsSQL lists tenants with due work, the longest-waiting first, so a
-// worker serving tenants in this order does not starve anyone. It skips from
-// tenant to tenant through outbox_messages_due_idx (one descent a tenant with
-// pending or delivering messages, a recursive loose index scan) and reads
-// each one's oldest due message with an active endpoint, instead of
-// grouping every due row: a drain's profile had the grouping scan of the
-// whole backlog (about 5 ms at 5,000 due rows, every TenantRefresh) as the
-// worker's costliest statement, ahead of the claim (docs/benchmarks.md).
+// worker serving tenants in this order does not starve anyone.
 const dueTenantsSQL = `
-WITH RECURSIVE t(tenant_id) AS (
-    (SELECT m.tenant_id FROM outbox_messages m WHERE m.next_attempt_at IS NOT NULL ORDER BY m.tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT m.tenant_id FROM outbox_messages m
-            WHERE m.next_attempt_at IS NOT NULL AND m.tenant_id > t.tenant_id ORDER BY m.tenant_id LIMIT 1)
-    FROM t WHERE t.tenant_id IS NOT NULL
-)
-SELECT t.tenant_id
-FROM t
-CROSS JOIN LATERAL (
-    SELECT m.next_attempt_at` + dueSQL + ` AND m.tenant_id = t.tenant_id
-    ORDER BY m.next_attempt_at
-    LIMIT 1
-) d
-ORDER BY d.next_attempt_at, t.tenant_id
+SELECT m.tenant_id` + dueSQL + `
+GROUP BY m.tenant_id
+ORDER BY min(m.next_attempt_at), m.tenant_id
 LIMIT $1`
 
 // DueTenants returns up to limit (1..MaxDueTenants) tenants that have
-// claimable messages, oldest due first. Its cost grows with the number of
-// tenants with pending or delivering messages, not with the backlog.
+// claimable messages, oldest due first. It reads every due message (cost
+// grows with the backlog, not the table); call it once per polling round.
 func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	const op = "due tenants"
 	if limit < 1 || limit > MaxDueTenants {

@@ -89,11 +89,6 @@ var planCases = []planCase{
 		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}, endpointPkey, ownerPkey,
 			{"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id", "next_attempt_at"}}, messagePkey},
 		emptyTies: []string{"endpoint_id", "message_id"}},
-	// The worker's due-tenant list skips from tenant to tenant through the
-	// due index and reads each one's oldest due message: no scan of the
-	// backlog.
-	{name: "dueTenants", args: `100`,
-		scans: []planScan{{"outbox_messages", "outbox_messages_due_idx", nil}, endpointPkey}, emptyTies: []string{"endpoint_id"}},
 	{name: "activeEndpoints", args: `'t1', 'p1', 'task.proposals', 64`,
 		scans: []planScan{{"endpoints", "endpoints_topic_idx", []string{"tenant_id", "project_id", "topic"}}}},
 	// Settles and replay (outbox_delivery.go): each finds its message by key.
