@@ -17,6 +17,9 @@
 #                             workers (tools/loadgen-river: as many River workers as DELIVERY_CONCURRENCY,
 #                             FetchPollInterval BENCH_POLL, the same backlog size): the reference of issue 14
 #                             (one worker >= 1.0x River). 0 skips it.
+#   BENCH_BASELINE=           a git revision: also build delivery-worker as of it and run it before the
+#                             current build for every worker count and share of a round (rows "W@base"),
+#                             so a change is measured against its baseline in the same run
 #   BENCH_PROFILE_DIR=        when set, each worker run writes the first worker's CPU profile of the drain
 #                             and, if the server preloads pg_stat_statements, the drain's statements, to
 #                             DIR/round-R-workers-W-share-S/ (loadgen-delivery --profile-dir)
@@ -39,6 +42,7 @@ shares=${BENCH_SHARES:-default}
 rounds=${BENCH_ROUNDS:-1}
 poll=${BENCH_POLL:-10ms}
 river=${BENCH_RIVER:-1}
+baseline=${BENCH_BASELINE:-}
 profile_dir=${BENCH_PROFILE_DIR:-}
 for s in $shares; do
 	case $s in
@@ -72,6 +76,15 @@ log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 (cd "$root" && go build -o "$bindir/envctl" ./tools/envctl) || die "go build envctl failed"
 (cd "$root" && go build -o "$bindir/delivery-worker" ./services/delivery-worker) || die "go build delivery-worker failed"
 (cd "$root" && go build -o "$bindir/loadgen-delivery" ./tools/loadgen-delivery) || die "go build loadgen-delivery failed"
+builds=(current)
+if [ -n "$baseline" ]; then
+	need git "install git"
+	rm -rf "$tmp/bench-baseline" && mkdir -p "$tmp/bench-baseline"
+	git -C "$root" archive "$baseline" | tar -x -C "$tmp/bench-baseline" || die "cannot export $baseline"
+	(cd "$tmp/bench-baseline" && go build -o "$bindir/delivery-worker-baseline" ./services/delivery-worker) ||
+		die "go build delivery-worker at $baseline failed"
+	builds=(baseline current)
+fi
 if [ "$river" = 1 ]; then
 	# Its own module, outside go.work: River's dependencies stay out of the services'.
 	(cd "$root/tools/loadgen-river" && GOWORK=off go build -o "$bindir/loadgen-river" .) || die "go build loadgen-river failed"
@@ -89,21 +102,25 @@ for r in $(seq "$rounds"); do
 			off) share=$concurrency ;;
 			*) share=$s ;;
 			esac
-			fresh_db "$admin" "$db"
-			dsn=$(dsn_with_db "$admin" "$db")
-			"$bindir/envctl" migrate --database-url "$dsn" >&2
-			log "round $r: $w worker(s), $messages messages, concurrency $concurrency, tenant share $s"
-			prof=()
-			if [ -n "$profile_dir" ]; then prof=(--profile-dir "$profile_dir/round-$r-workers-$w-share-$s"); fi
-			out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
-				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" \
-				${prof[@]+"${prof[@]}"})
-			log "$out"
-			row "$r" "$w" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
-				"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
-				"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
-				"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
-				"$(field "$out" load_average_1m)"
+			for b in "${builds[@]}"; do
+				bin=$bindir/delivery-worker label=$w
+				if [ "$b" = baseline ]; then bin=$bindir/delivery-worker-baseline label=$w@base; fi
+				fresh_db "$admin" "$db"
+				dsn=$(dsn_with_db "$admin" "$db")
+				"$bindir/envctl" migrate --database-url "$dsn" >&2
+				log "round $r: $w worker(s) ($b), $messages messages, concurrency $concurrency, tenant share $s"
+				prof=()
+				if [ -n "$profile_dir" ]; then prof=(--profile-dir "$profile_dir/round-$r-workers-$w-share-$s-$b"); fi
+				out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bin" \
+					--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" \
+					${prof[@]+"${prof[@]}"})
+				log "$out"
+				row "$r" "$label" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
+					"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
+					"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
+					"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
+					"$(field "$out" load_average_1m)"
+			done
 		done
 	done
 	if [ "$river" = 1 ]; then
@@ -118,5 +135,5 @@ for r in $(seq "$rounds"); do
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares)"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares${baseline:+, baseline $baseline})"
 printf '%s\n' "${rows[@]}"
