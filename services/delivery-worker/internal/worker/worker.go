@@ -184,51 +184,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	// reuses the previous one's full tenants (their claims came back full:
 	// more is due) and asks again only when none is left or the list is
 	// TenantRefresh old. A tenant that just got due work waits at most that
-	// long plus one cycle and one listing. The refresh runs beside the
-	// scheduler, which keeps claiming from the list it has: listed in line,
-	// it took about as long as a claim and, at a 10 ms poll, came every
-	// other claim (pg_stat_statements of a drain, docs/benchmarks.md).
+	// long plus one cycle.
 	var tenants []string
 	var listedAt time.Time
-	var refresh chan listing // a refresh in flight, or nil
-	defer func() {
-		if refresh != nil {
-			<-refresh
-		}
-	}()
 	for ctx.Err() == nil {
 		var n int
 		var err error
 		var capped bool
-		if refresh != nil {
-			select {
-			case l := <-refresh:
-				refresh = nil
-				if l.err != nil {
-					w.logCycleError(ctx, l.err)
-				} else {
-					tenants, listedAt = l.tenants, l.at
-				}
-			default:
-			}
-		}
-		switch {
-		case len(tenants) == 0:
+		if len(tenants) == 0 || time.Since(listedAt) >= w.cfg.TenantRefresh {
 			tenants, err = w.dueTenants(ctx)
 			listedAt = time.Now()
-		case refresh == nil && time.Since(listedAt) >= w.cfg.TenantRefresh:
-			refresh = make(chan listing, 1)
-			go func(out chan<- listing) {
-				at := time.Now()
-				t, err := w.dueTenants(ctx)
-				out <- listing{tenants: t, at: at, err: err}
-			}(refresh)
 		}
 		if err == nil {
 			n, tenants, capped, err = w.serve(ctx, workCtx, tenants, &inflight)
 		}
-		if err != nil {
-			w.logCycleError(ctx, err)
+		if err != nil && ctx.Err() == nil {
+			w.log.Warn("delivery cycle failed", slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
 		}
 		switch {
 		case err != nil || (n == 0 && !capped):
@@ -258,19 +229,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	stats.Wait()
 	return nil
-}
-
-// listing is the outcome of a due-tenant refresh: the tenants as of at.
-type listing struct {
-	tenants []string
-	at      time.Time
-	err     error
-}
-
-func (w *Worker) logCycleError(ctx context.Context, err error) {
-	if ctx.Err() == nil {
-		w.log.Warn("delivery cycle failed", slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
-	}
 }
 
 func (w *Worker) sleep(ctx context.Context, d time.Duration) {
