@@ -1,8 +1,5 @@
 package store
 
-// ClaimSQL lets the external tests look at the claim's plan.
-const ClaimSQL = claimSQL
-
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
 // checks, by name.
 var HotSQL = map[string]string{
@@ -19,4 +16,12 @@ var HotSQL = map[string]string{
 	"topicEndpoints": topicEndpointsSQL,
 	"claim":          claimSQL,
 	"outboxAttempts": outboxAttemptsSQL,
+	// Settles, replay and message reads (outbox_delivery.go, outbox.go).
+	"markDelivered": markDeliveredSQL,
+	"markRetry":     markRetrySQL,
+	"markDead":      markDeadSQL,
+	"replay":        replaySQL,
+	"listDead":      listDeadSQL,
+	"messageExists": messageExistsSQL,
+	"outboxMessage": outboxMessageSQL,
 }

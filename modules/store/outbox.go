@@ -72,7 +72,7 @@ const (
 	// MaxTopicEndpoints bounds the active endpoints of one (tenant, project,
 	// topic), and so the messages one enqueue writes (contract §8.12).
 	// AddEndpoint and SetEndpointState enforce it; Enqueue holds to it even
-	// past them (activeEndpointsSQL).
+	// past them (topicEndpointsSQL).
 	MaxTopicEndpoints = 64
 )
 

@@ -337,10 +337,14 @@ type DeadLetter struct {
 }
 
 // listDeadSQL pages by (dead_at, message_id), the order of the partial index.
+// dead_at IS NOT NULL (the same rows as status = 'dead', by a CHECK) is the
+// index's predicate, which a replay's status = 'dead' does not imply: on a
+// never-analyzed table a partial index looks empty, and a replay took it
+// over the primary key (migration 0009).
 const listDeadSQL = `
 SELECT message_id, endpoint_id, topic, last_error_code, attempts, created_at, dead_at
 FROM outbox_messages
-WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead'
+WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead' AND dead_at IS NOT NULL
   AND ($3::timestamptz IS NULL OR (dead_at, message_id) > ($3::timestamptz, $4::text))
 ORDER BY dead_at, message_id
 LIMIT $5`

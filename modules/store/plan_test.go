@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -26,6 +27,13 @@ type planCase struct {
 	name, args string
 	scans      []planScan
 	arbiter    string
+	// emptyTies are key columns that may be a filter instead of an Index
+	// Cond on the empty, never-analyzed tables only, the index being right:
+	// there the planner estimates one row for tenant_id alone, so comparing
+	// the rest of the key in the index or on that one row costs the same
+	// (an InitPlan's array or a CTE row; an ANALYZE or the fresh table's
+	// size settles it).
+	emptyTies []string
 }
 
 var (
@@ -40,6 +48,9 @@ var (
 	identSeq    = planScan{"event_identities", "event_identities_sequence_idx", bySequence}
 	keysPkey    = planScan{"producer_keys", "producer_keys_pkey", []string{"tenant_id", "key_id"}}
 	messagePkey = planScan{"outbox_messages", "outbox_messages_pkey", byMessage}
+	// The claim and the 410 settle reach an endpoint by its key.
+	endpointPkey = planScan{"endpoints", "endpoints_pkey", []string{"tenant_id", "endpoint_id"}}
+	ownerPkey    = planScan{"secret_ref_owners", "secret_ref_owners_pkey", []string{"secret_ref"}}
 )
 
 // digest is a 32-byte bytea expression; the same seed names the same row
@@ -75,16 +86,29 @@ var planCases = []planCase{
 		}},
 	{name: "topicEndpoints", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['task.proposals'], 64`,
 		scans: []planScan{{"endpoints", "endpoints_topic_idx", []string{"tenant_id", "project_id", "topic"}}}},
-	// The claim (outbox_delivery.go) reads each claimed message's envelope by
-	// its key.
-	{name: "claim", args: `'t1', 100, 60000000`,
-		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}}},
 	// A message's latest attempts, by the history's key (outbox_attempts.go).
 	// The history's inserts (claimSQL, recordAttemptSQL) read nothing of
 	// it: their ON CONFLICT has no target (the worker may not read the
 	// table), so there is no arbiter to check either.
 	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001', 100`,
 		scans: []planScan{{"outbox_attempts", "outbox_attempts_pkey", byMessage}}},
+	// The claim (outbox_delivery.go) scans the tenant's due messages in due
+	// order and reaches each claimed message, its endpoint, envelope and
+	// secret ref owner by key, never scanning endpoints or owners per row.
+	{name: "claim", args: `'t1', 100, 60000000`,
+		scans: []planScan{{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}, endpointPkey, ownerPkey,
+			{"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id", "next_attempt_at"}}, messagePkey},
+		emptyTies: []string{"endpoint_id", "message_id"}},
+	// Settles and replay (outbox_delivery.go): each finds its message by key.
+	{name: "markDelivered", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 200`, scans: []planScan{messagePkey}},
+	{name: "markRetry", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 503, now(), 'http_5xx'`, scans: []planScan{messagePkey}},
+	{name: "markDead", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 404, 'http_4xx', true`,
+		scans: []planScan{messagePkey, endpointPkey}, emptyTies: []string{"endpoint_id"}},
+	{name: "replay", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0'), 'acct', 'dev', 'corr'`, scans: []planScan{messagePkey}},
+	{name: "listDead", args: `'t1', 'p1', NULL, '', 101`,
+		scans: []planScan{{"outbox_messages", "outbox_messages_dead_idx", []string{"tenant_id", "project_id"}}}},
+	{name: "messageExists", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0')`, scans: []planScan{messagePkey}},
+	{name: "outboxMessage", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0')`, scans: []planScan{messagePkey}},
 }
 
 // planTables are the tables the hot statements read: autovacuum stays off on
@@ -184,7 +208,11 @@ func TestHotStatementPlansUseTheirKeys(t *testing.T) {
 		for _, c := range planCases {
 			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 				plan := explainPlan(t, f.admin, store.HotSQL[c.name], c.args, mode)
-				for _, problem := range checkPlan(plan, c) {
+				cc := c
+				if st.name != "empty" {
+					cc.emptyTies = nil
+				}
+				for _, problem := range checkPlan(plan, cc) {
 					t.Errorf("%s, %s, %s: %s", st.name, c.name, mode, problem)
 				}
 			}
@@ -277,6 +305,9 @@ func checkPlan(plan map[string]any, c planCase) []string {
 			default:
 				seen[rel+" "+index] = true
 				for _, col := range match.cols {
+					if slices.Contains(c.emptyTies, col) && !mentions(cond, col) {
+						continue
+					}
 					if !mentions(cond, col) {
 						problems = append(problems, fmt.Sprintf("%s using %s: %s not in Index Cond %q", typ, index, col, cond))
 					}

@@ -42,6 +42,9 @@ type Config struct {
 	StoreTimeout          time.Duration
 	DBMaxOpenConns        int
 	LogLevel              string
+	// PprofEnabled serves net/http/pprof on the metrics listener: off by
+	// default, since a profile shows whatever the process holds.
+	PprofEnabled bool
 }
 
 type setting struct {
@@ -94,6 +97,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"STORE_TIMEOUT", "deadline of each database operation", (*durationValue)(&c.StoreTimeout)},
 		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
 		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
+		{"PPROF_ENABLED", "serve /debug/pprof/ on the METRICS_ADDR listener (profiling; keep that address private)", (*boolValue)(&c.PprofEnabled)},
 	}
 	for _, s := range settings {
 		if v := getenv(s.env); v != "" {
