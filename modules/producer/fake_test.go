@@ -26,8 +26,8 @@ type fakeService struct {
 	held     map[int64][32]byte
 	events   map[string]int64
 	cursor   int64
-	bodies   [][]byte          // every envelope received, in order
-	requests int               // every request received
+	bodies   [][]byte               // every envelope received, in order
+	requests int                    // every request received
 	faults   []func() (int, string) // consumed one per POST: status and Retry-After
 	refuse   map[string]wire.Reason // event id → refusal
 	// limitAfter, when > 0, answers batch items past this many with
@@ -166,5 +166,3 @@ func (f *fakeService) snapshot() (cursor int64, held int, requests int) {
 func status(code int, retryAfter string) func() (int, string) {
 	return func() (int, string) { return code, retryAfter }
 }
-
-

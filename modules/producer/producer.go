@@ -40,6 +40,7 @@ type Event struct {
 // set on refusals only; Cursor on accepted and duplicate answers.
 type Result struct {
 	Sequence      int64
+	EventID       string
 	EventIdentity string
 	Outcome       wire.Outcome
 	Reason        wire.Reason
@@ -221,7 +222,9 @@ func (p *Producer) SendBatch(ctx context.Context, evs []Event) ([]Result, error)
 // byte for byte (a duplicate answer counts as delivered), reads the
 // stream's cursor and replay floor from GET /v1/streams/{project}/{producer}
 // and continues above them. It returns the answers to the re-sent
-// envelopes. Send runs it first when it has not succeeded yet.
+// envelopes, so that after a crash the caller learns which of the events it
+// was handing over when it died the producer still held (any other must be
+// sent again). Send runs it first when it has not succeeded yet.
 func (p *Producer) Resume(ctx context.Context) ([]Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.deadline)
 	defer cancel()
@@ -300,7 +303,7 @@ func (p *Producer) send(ctx context.Context, evs []Event) ([]Result, error) {
 			}
 			return nil, fmt.Errorf("producer: event %d: %w", i, err)
 		}
-		batch[i] = Pending{Sequence: seq, Envelope: body}
+		batch[i] = Pending{Sequence: seq, EventID: ev.EventID, Envelope: body}
 	}
 	next.Pending = append(next.Pending, batch...)
 	slices.SortFunc(next.Pending, func(a, b Pending) int { return int(a.Sequence - b.Sequence) })

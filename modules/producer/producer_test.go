@@ -192,7 +192,7 @@ func TestCrashBetweenSendAndAnswerResumesWithoutLossOrDoubling(t *testing.T) {
 	if len(saved.Pending) != 1 || saved.Pending[0].Sequence != 3 {
 		t.Fatalf("saved pending %+v", saved.Pending)
 	}
-	if len(resent) != 1 || resent[0].Outcome != wire.OutcomeDuplicate || resent[0].Sequence != 3 {
+	if len(resent) != 1 || resent[0].Outcome != wire.OutcomeDuplicate || resent[0].Sequence != 3 || resent[0].EventID != "evt-0003" {
 		t.Fatalf("resent %+v", resent)
 	}
 	r, err := q.Send(context.Background(), event(4))
@@ -267,13 +267,19 @@ func TestNewRefusesBadArguments(t *testing.T) {
 	cases := map[string]func() error{
 		"http to a remote host": func() error { _, err := New("http://ingest.example.com", "tok", s, testStream, store); return err },
 		"user info":             func() error { _, err := New("https://u:p@ingest.example.com", "tok", s, testStream, store); return err },
-		"query":                 func() error { _, err := New("https://ingest.example.com/?a=b", "tok", s, testStream, store); return err },
+		"query": func() error {
+			_, err := New("https://ingest.example.com/?a=b", "tok", s, testStream, store)
+			return err
+		},
 		"no scheme":             func() error { _, err := New("ingest.example.com", "tok", s, testStream, store); return err },
 		"empty credential":      func() error { _, err := New("https://ingest.example.com", "", s, testStream, store); return err },
 		"credential with space": func() error { _, err := New("https://ingest.example.com", "a b", s, testStream, store); return err },
 		"no signer":             func() error { _, err := New("https://ingest.example.com", "tok", nil, testStream, store); return err },
-		"bad stream":            func() error { _, err := New("https://ingest.example.com", "tok", s, Stream{"t", "p", "-x"}, store); return err },
-		"no store":              func() error { _, err := New("https://ingest.example.com", "tok", s, testStream); return err },
+		"bad stream": func() error {
+			_, err := New("https://ingest.example.com", "tok", s, Stream{"t", "p", "-x"}, store)
+			return err
+		},
+		"no store": func() error { _, err := New("https://ingest.example.com", "tok", s, testStream); return err },
 		"bad deadline": func() error {
 			_, err := New("https://ingest.example.com", "tok", s, testStream, store, WithDeadline(0))
 			return err

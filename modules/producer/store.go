@@ -28,6 +28,7 @@ type State struct {
 // canonical form, re-sent byte for byte.
 type Pending struct {
 	Sequence int64
+	EventID  string
 	Envelope []byte
 }
 
@@ -64,7 +65,7 @@ func (m *MemoryStore) Save(_ context.Context, s State) error {
 func cloneState(s State) State {
 	c := State{Last: s.Last, Free: slices.Clone(s.Free)}
 	for _, p := range s.Pending {
-		c.Pending = append(c.Pending, Pending{Sequence: p.Sequence, Envelope: slices.Clone(p.Envelope)})
+		c.Pending = append(c.Pending, Pending{Sequence: p.Sequence, EventID: p.EventID, Envelope: slices.Clone(p.Envelope)})
 	}
 	return c
 }
@@ -94,6 +95,7 @@ type fileState struct {
 
 type filePending struct {
 	Sequence int64  `json:"sequence"`
+	EventID  string `json:"event_id"`
 	Envelope []byte `json:"envelope"`
 }
 

@@ -12,7 +12,7 @@ import (
 func TestStoresRoundTripState(t *testing.T) {
 	ctx := context.Background()
 	st := State{Last: 9, Free: []int64{4}, Pending: []Pending{
-		{Sequence: 8, Envelope: []byte(`{"a":"<&>\u2028"}`)},
+		{Sequence: 8, EventID: "e-8", Envelope: []byte(`{"a":"<&>\u2028"}`)},
 		{Sequence: 9, Envelope: []byte(`{"b":1}`)},
 	}}
 	for name, s := range map[string]SequenceStore{

@@ -44,7 +44,7 @@ func (p *Producer) deliver(ctx context.Context, batch []Pending) ([]Result, erro
 				again = append(again, i)
 				continue
 			}
-			rs[i] = resultOf(batch[i].Sequence, a)
+			rs[i] = resultOf(batch[i], a)
 		}
 		if len(again) == 0 {
 			return rs, nil
@@ -61,9 +61,9 @@ func (p *Producer) deliver(ctx context.Context, batch []Pending) ([]Result, erro
 	}
 }
 
-func resultOf(seq int64, a wire.BatchResult) Result {
+func resultOf(pd Pending, a wire.BatchResult) Result {
 	r := Result{
-		Sequence: seq, EventIdentity: a.EventIdentity, Outcome: a.Outcome, Reason: a.Reason,
+		Sequence: pd.Sequence, EventID: pd.EventID, EventIdentity: a.EventIdentity, Outcome: a.Outcome, Reason: a.Reason,
 		Detail: a.Detail, Status: a.Status, CorrelationID: a.CorrelationID,
 	}
 	if a.Cursor != nil {
