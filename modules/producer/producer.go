@@ -199,8 +199,11 @@ func isLoopback(host string) bool {
 
 // Send signs ev with the next sequence, saves it, and sends it to
 // POST /v1/envelopes. A refusal is a Result, returned at once; an error is
-// either a local one (the event breaks an envelope rule: no sequence is
-// used, nothing is sent) or ErrUndelivered.
+// a local one (the event breaks an envelope rule: no sequence is used,
+// nothing is sent), ErrUndelivered, or a *RefusalError from the Resume it
+// runs first when needed. After ErrUndelivered, call Resume to see the
+// answers to the envelopes it re-sends; Send re-sends them without
+// reporting them.
 func (p *Producer) Send(ctx context.Context, ev Event) (Result, error) {
 	rs, err := p.send(ctx, []Event{ev})
 	if err != nil {

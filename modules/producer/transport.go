@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -195,9 +196,10 @@ func backoff(min, max time.Duration, attempt int, resp *http.Response) time.Dura
 			return time.Duration(s) * time.Second
 		}
 	}
-	d := max
-	if attempt < 32 && min<<attempt > 0 && min<<attempt < max {
-		d = min << attempt
+	d := min
+	for i := 0; i < attempt && d < max; i++ {
+		d *= 2 // min <= max, so this stops before it can overflow
 	}
+	d = time.Duration(math.Min(float64(d), float64(max)))
 	return d/2 + rand.N(d/2+1)
 }
