@@ -224,3 +224,53 @@ func TestProducerKilledBetweenSendAndAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvctlSendStateFile sends with `envctl send --state-file` to the real ingest-api: the producer
+// module numbers the drafts, and a second run continues the stream.
+func TestEnvctlSendStateFile(t *testing.T) {
+	dsn := storetest.NewDatabase(t)
+	ingest := startIngest(t, dsn)
+	dir := t.TempDir()
+	r := envctlRun(t, dsn, "credential", "issue", "--tenant", "demo", "--account", "acct-1", "--device", "device-1", "--role", "device")
+	if r.code != 0 {
+		t.Fatalf("credential issue: %+v", r)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte(r.stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(dir, "seed")
+	if r = envctlRun(t, "", "keygen", "--seed-file", seed); r.code != 0 {
+		t.Fatalf("keygen: %+v", r)
+	}
+	if r = envctlRun(t, dsn, "key", "add", "--tenant", "demo", "--key-id", "demo-key", "--public-key", strings.TrimSpace(r.stdout)); r.code != 0 {
+		t.Fatalf("key add: %+v", r)
+	}
+	unsequenced := func(id string) string {
+		return fmt.Sprintf(`{"tenant_id":"demo","project_id":"proj-1","producer_id":"device-1","event_id":%q,
+ "idempotency_key":"idem-%s","key_id":"demo-key","issued_at":"now","metadata":{"kind":"task.status"},"payload":{}}`, id, id)
+	}
+	state := filepath.Join(dir, "state.json")
+	for i, files := range []struct {
+		draft string
+		batch bool
+		want  string
+	}{
+		{unsequenced("a"), false, `{"event_id":"a","sequence":1,"outcome":"accepted","status":200,"cursor":1}` + "\n"},
+		{"[" + unsequenced("b") + "," + unsequenced("c") + "]", true,
+			`{"event_id":"b","sequence":2,"outcome":"accepted","status":200,"cursor":2}` + "\n" +
+				`{"event_id":"c","sequence":3,"outcome":"accepted","status":200,"cursor":3}` + "\n"},
+	} {
+		f := filepath.Join(dir, fmt.Sprintf("draft-%d.json", i))
+		if err := os.WriteFile(f, []byte(files.draft), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"send", "--url", ingest, "--token-file", token, "--seed-file", seed, "--state-file", state, "--file", f}
+		if files.batch {
+			args = append(args, "--batch")
+		}
+		if r = envctlRun(t, "", args...); r.code != 0 || r.stdout != files.want {
+			t.Fatalf("run %d: %+v", i, r)
+		}
+	}
+}
