@@ -66,8 +66,11 @@ func (f *fakeService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", retryAfter)
 		}
 		reason := wire.ReasonUnavailable
-		if status == http.StatusTooManyRequests {
+		switch status {
+		case http.StatusTooManyRequests:
 			reason = wire.ReasonRateLimited
+		case http.StatusRequestEntityTooLarge:
+			reason = wire.ReasonBodyTooLarge
 		}
 		w.WriteHeader(status)
 		b, _ := json.Marshal(wire.Answer{Outcome: wire.OutcomeRefused, Reason: reason})

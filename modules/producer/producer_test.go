@@ -276,6 +276,29 @@ func TestWholeBatchRefusalAppliesToEveryItem(t *testing.T) {
 	}
 }
 
+func TestWholeBatchRefusalWhenSyncedIsEveryItemsResult(t *testing.T) {
+	svc, srv := newFakeService(t, testSigner(t).PublicKey())
+	p := newTestProducer(t, srv.URL, &MemoryStore{})
+	if _, err := p.Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	svc.faults = append(svc.faults, status(http.StatusRequestEntityTooLarge, ""))
+	rs, err := p.SendBatch(context.Background(), []Event{event(1), event(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.Outcome != wire.OutcomeRefused || r.Reason != wire.ReasonBodyTooLarge || r.Status != 413 || r.Sequence != int64(i+1) {
+			t.Fatalf("result %d: %+v", i, r)
+		}
+	}
+	// Nothing was retained, so both sequences are used again.
+	rs, err = p.SendBatch(context.Background(), []Event{event(3), event(4)})
+	if err != nil || rs[0].Sequence != 1 || rs[1].Sequence != 2 || rs[1].Cursor != 2 {
+		t.Fatalf("%+v %v", rs, err)
+	}
+}
+
 func TestNewRefusesBadArguments(t *testing.T) {
 	s := testSigner(t)
 	store := WithStore(&MemoryStore{})
