@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
 	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
@@ -268,10 +269,10 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 }
 
+// answer reads both routes' answers: a single answer, or a batch's results.
 type answer struct {
-	Outcome string   `json:"outcome"`
-	Reason  string   `json:"reason"`
-	Results []answer `json:"results"`
+	wire.Answer
+	Results []wire.BatchResult `json:"results"`
 }
 
 type tally struct {
@@ -302,14 +303,14 @@ func (t *tally) merge(o *tally) {
 	}
 }
 
-func (t *tally) outcome(a answer, n int) {
+func (t *tally) outcome(a wire.Answer, n int) {
 	switch a.Outcome {
-	case "accepted":
+	case wire.OutcomeAccepted:
 		t.accepted += n
-	case "duplicate":
+	case wire.OutcomeDuplicate:
 		t.duplicates += n
 	default:
-		r := a.Reason
+		r := string(a.Reason)
 		if r == "" {
 			r = "unknown"
 		}
@@ -326,11 +327,11 @@ func (t *tally) record(status int, body []byte, n int, batch bool) {
 		return
 	}
 	if !batch || status != http.StatusOK {
-		if status != http.StatusOK && a.Outcome == "accepted" {
+		if status != http.StatusOK && a.Outcome == wire.OutcomeAccepted {
 			// A non-200 that says accepted breaks the contract; never count it as a success.
-			a.Outcome, a.Reason = "refused", fmt.Sprintf("http_%d_claims_accepted", status)
+			a.Outcome, a.Reason = wire.OutcomeRefused, wire.Reason(fmt.Sprintf("http_%d_claims_accepted", status))
 		}
-		t.outcome(a, n)
+		t.outcome(a.Answer, n)
 		return
 	}
 	if len(a.Results) != n {
@@ -338,7 +339,7 @@ func (t *tally) record(status int, body []byte, n int, batch bool) {
 		return
 	}
 	for _, r := range a.Results {
-		t.outcome(r, 1)
+		t.outcome(r.Answer, 1)
 	}
 }
 
