@@ -104,7 +104,7 @@ func (p *Producer) post(ctx context.Context, batch []Pending, todo []int) ([]wir
 	}
 	var whole wire.Answer
 	if len(todo) == 1 || status != http.StatusOK {
-		if err := json.Unmarshal(raw, &whole); err != nil || whole.Outcome == "" {
+		if err := json.Unmarshal(raw, &whole); err != nil || !consistent(whole, status) {
 			return nil, fmt.Errorf("%w: answer %d is not a contract answer", ErrUndelivered, status)
 		}
 		out := make([]wire.BatchResult, len(todo))
@@ -117,7 +117,29 @@ func (p *Producer) post(ctx context.Context, batch []Pending, todo []int) ([]wir
 	if err := json.Unmarshal(raw, &ba); err != nil || len(ba.Results) != len(todo) {
 		return nil, fmt.Errorf("%w: batch answer does not have one result per envelope", ErrUndelivered)
 	}
+	for _, r := range ba.Results {
+		if !consistent(r.Answer, r.Status) {
+			return nil, fmt.Errorf("%w: a batch result is not a contract answer", ErrUndelivered)
+		}
+	}
 	return ba.Results, nil
+}
+
+// consistent reports whether an answer's outcome agrees with its status as
+// the contract pairs them. Anything else (a proxy's page, a 3xx, a 4xx that
+// claims acceptance) is no answer: the envelope stays pending, and a
+// re-send is safe because a repeat is a duplicate.
+func consistent(a wire.Answer, status int) bool {
+	switch {
+	case status == http.StatusOK:
+		return a.Outcome == wire.OutcomeAccepted || a.Outcome == wire.OutcomeDuplicate
+	case status == http.StatusTooManyRequests || status >= 500:
+		return true // not processed; sent again whatever the body says
+	case status >= 400:
+		return a.Outcome == wire.OutcomeRefused && a.Reason != ""
+	default:
+		return false
+	}
 }
 
 // readStream reads the stream's cursor and replay floor.
