@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
 	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
@@ -327,24 +328,23 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 }
 
+// answer reads both routes' answers: a single answer, or a batch's results.
 type answer struct {
-	Outcome string   `json:"outcome"`
-	Reason  string   `json:"reason"`
-	Status  int      `json:"status"` // of a batch result
-	Results []answer `json:"results"`
+	wire.Answer
+	Results []wire.BatchResult `json:"results"`
 }
 
 // outboxOutcome reads an outbox answer as an envelope answer: 201 created is accepted, 200 (the same
 // request again) a duplicate.
-func outboxOutcome(a *answer, status int) {
+func outboxOutcome(a *wire.Answer, status int) {
 	switch status {
 	case http.StatusCreated:
-		a.Outcome = "accepted"
+		a.Outcome = wire.OutcomeAccepted
 	case http.StatusOK:
-		a.Outcome = "duplicate"
+		a.Outcome = wire.OutcomeDuplicate
 	default:
-		if a.Outcome != "refused" {
-			a.Outcome, a.Reason = "refused", fmt.Sprintf("http_%d", status)
+		if a.Outcome != wire.OutcomeRefused {
+			a.Outcome, a.Reason = wire.OutcomeRefused, wire.Reason(fmt.Sprintf("http_%d", status))
 		}
 	}
 }
@@ -377,14 +377,14 @@ func (t *tally) merge(o *tally) {
 	}
 }
 
-func (t *tally) outcome(a answer, n int) {
+func (t *tally) outcome(a wire.Answer, n int) {
 	switch a.Outcome {
-	case "accepted":
+	case wire.OutcomeAccepted:
 		t.accepted += n
-	case "duplicate":
+	case wire.OutcomeDuplicate:
 		t.duplicates += n
 	default:
-		r := a.Reason
+		r := string(a.Reason)
 		if r == "" {
 			r = "unknown"
 		}
@@ -402,8 +402,8 @@ func (t *tally) record(status int, body []byte, n int, batch, outbox bool) {
 	}
 	if outbox {
 		if !batch || status != http.StatusOK {
-			outboxOutcome(&a, status)
-			t.outcome(a, n)
+			outboxOutcome(&a.Answer, status)
+			t.outcome(a.Answer, n)
 			return
 		}
 		if len(a.Results) != n {
@@ -411,17 +411,17 @@ func (t *tally) record(status int, body []byte, n int, batch, outbox bool) {
 			return
 		}
 		for _, r := range a.Results {
-			outboxOutcome(&r, r.Status)
-			t.outcome(r, 1)
+			outboxOutcome(&r.Answer, r.Status)
+			t.outcome(r.Answer, 1)
 		}
 		return
 	}
 	if !batch || status != http.StatusOK {
-		if status != http.StatusOK && a.Outcome == "accepted" {
+		if status != http.StatusOK && a.Outcome == wire.OutcomeAccepted {
 			// A non-200 that says accepted breaks the contract; never count it as a success.
-			a.Outcome, a.Reason = "refused", fmt.Sprintf("http_%d_claims_accepted", status)
+			a.Outcome, a.Reason = wire.OutcomeRefused, wire.Reason(fmt.Sprintf("http_%d_claims_accepted", status))
 		}
-		t.outcome(a, n)
+		t.outcome(a.Answer, n)
 		return
 	}
 	if len(a.Results) != n {
@@ -429,7 +429,7 @@ func (t *tally) record(status int, body []byte, n int, batch, outbox bool) {
 		return
 	}
 	for _, r := range a.Results {
-		t.outcome(r, 1)
+		t.outcome(r.Answer, 1)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
@@ -185,7 +186,7 @@ func (s *Server) issuedAt() time.Time { return s.cfg.Now().UTC().Truncate(time.M
 // failure that is no answer (503).
 type enqueueReply struct {
 	status  int
-	reason  string
+	reason  wire.Reason
 	outcome string // created, repeated
 	body    []byte
 }
@@ -392,7 +393,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		}
 		if rep.reason != "" {
 			b, err := json.Marshal(batchResult{
-				answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID},
+				Answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID},
 				Status: statusOf(rep.reason),
 			})
 			if err != nil {

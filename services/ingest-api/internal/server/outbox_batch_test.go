@@ -13,6 +13,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -29,8 +30,8 @@ func outboxBatchBody(items ...[]byte) []byte {
 type batchItem struct {
 	Envelope      json.RawMessage `json:"envelope"`
 	MessageIDs    []string        `json:"message_ids"`
-	Outcome       string          `json:"outcome"`
-	Reason        string          `json:"reason"`
+	Outcome       wire.Outcome    `json:"outcome"`
+	Reason        wire.Reason     `json:"reason"`
 	CorrelationID string          `json:"correlation_id"`
 	Status        int             `json:"status"`
 }
@@ -86,7 +87,7 @@ func TestOutboxBatchAnswersAsOneByOne(t *testing.T) {
 	}
 	for i, want := range []struct {
 		status int
-		reason string
+		reason wire.Reason
 	}{{201, ""}, {200, ""}, {422, reasonIdempotencyConflict}, {200, ""}, {422, reasonNoEndpoint},
 		{400, reasonInvalidRequest}, {400, reasonInvalidRequest}, {201, ""}} {
 		if res[i].Status != want.status || res[i].Reason != want.reason {
@@ -141,13 +142,13 @@ func TestOutboxBatchWrapperRefusals(t *testing.T) {
 	}
 	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
-			wantRefusal(t, o.postOutboxBatch(o.service, body), http.StatusBadRequest, reasonInvalidRequest)
+			wantRefusal(t, o.postOutboxBatch(o.service, body), http.StatusBadRequest, string(reasonInvalidRequest))
 		})
 	}
 	big := outboxBatchBody(outboxBody("k-big", strings.Repeat("x", envelope.DefaultLimits().MaxBytes)))
-	wantRefusal(t, o.postOutboxBatch(o.service, big), http.StatusRequestEntityTooLarge, reasonBodyTooLarge)
-	wantRefusal(t, o.postOutboxBatch(o.device, outboxBatchBody(item)), http.StatusForbidden, reasonForbidden)
-	wantRefusal(t, o.postOutboxBatch("nope", outboxBatchBody(item)), http.StatusUnauthorized, reasonUnauthenticated)
+	wantRefusal(t, o.postOutboxBatch(o.service, big), http.StatusRequestEntityTooLarge, string(reasonBodyTooLarge))
+	wantRefusal(t, o.postOutboxBatch(o.device, outboxBatchBody(item)), http.StatusForbidden, string(reasonForbidden))
+	wantRefusal(t, o.postOutboxBatch("nope", outboxBatchBody(item)), http.StatusUnauthorized, string(reasonUnauthenticated))
 	if n := o.count(`SELECT count(*) FROM outbound_envelopes`) + o.count(`SELECT count(*) FROM outbound_streams`); n != 0 {
 		t.Fatalf("refused batches stored %d rows", n)
 	}
@@ -177,7 +178,7 @@ func TestOutboxBatchTakesOneTokenPerMessage(t *testing.T) {
 		}
 	}
 	r := o.postOutboxBatch(o.service, outboxBatchBody(outboxBody("k-6", "a")))
-	wantRefusal(t, r, http.StatusTooManyRequests, reasonRateLimited)
+	wantRefusal(t, r, http.StatusTooManyRequests, string(reasonRateLimited))
 	if r.header.Get("Retry-After") == "" {
 		t.Fatal("429 without Retry-After")
 	}

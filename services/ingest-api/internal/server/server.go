@@ -196,6 +196,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
@@ -378,9 +379,10 @@ func (s *Server) routes() *echo.Echo {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 
+	// The producer routes' paths are the wire package's, which producers post to.
+	e.POST(wire.RouteEnvelopes, s.postEnvelope)
+	e.POST(wire.RouteBatch, s.postBatch)
 	v1 := e.Group("/v1")
-	v1.POST("/envelopes", s.postEnvelope)
-	v1.POST("/envelopes/batch", s.postBatch)
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
 	v1.POST("/outbox", s.postOutbox)
