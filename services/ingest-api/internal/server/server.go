@@ -368,6 +368,7 @@ func (s *Server) routes() *echo.Echo {
 	v1.GET("/outbox/:id", s.getOutboxMessage)
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
+	v1.GET("/outbound-keys", s.getOutboundKeys)
 	return e
 }
 
