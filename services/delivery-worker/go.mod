@@ -6,6 +6,7 @@ replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../../modules/envelope
 	github.com/envelopeworker/envelopeworker/modules/limiter => ../../modules/limiter
+	github.com/envelopeworker/envelopeworker/modules/receiver => ../../modules/receiver
 	github.com/envelopeworker/envelopeworker/modules/store => ../../modules/store
 )
 
@@ -24,7 +25,8 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000 // indirect
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
