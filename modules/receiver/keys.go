@@ -92,9 +92,14 @@ type RemoteKeys struct {
 	client     *http.Client
 	now        func() time.Time
 
-	mu      sync.Mutex
-	keys    map[string]ed25519.PublicKey
-	fetched time.Time // last fetch attempt; zero: never
+	mu   sync.RWMutex
+	keys map[string]ed25519.PublicKey
+
+	// fetchMu makes fetches one at a time: deliveries under a new key id
+	// wait for the same fetch instead of each starting one, while
+	// deliveries under known keys never wait for a fetch.
+	fetchMu sync.Mutex
+	fetched time.Time // last fetch attempt, under fetchMu; zero: never
 }
 
 // NewRemoteKeys returns a RemoteKeys for the API at baseURL. client may be
@@ -113,42 +118,52 @@ func NewRemoteKeys(baseURL, token string, client *http.Client) *RemoteKeys {
 
 // PublicKey implements KeySource.
 func (r *RemoteKeys) PublicKey(ctx context.Context, keyID string) (ed25519.PublicKey, error) {
-	// One fetch at a time: concurrent deliveries under a new key id wait
-	// for the same fetch instead of each starting one.
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if pub, ok := r.keys[keyID]; ok {
+	if pub, ok := r.lookup(keyID); ok {
+		return pub, nil
+	}
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
+	// A fetch that finished while this one waited may have brought it.
+	if pub, ok := r.lookup(keyID); ok {
 		return pub, nil
 	}
 	if !r.fetched.IsZero() && r.now().Sub(r.fetched) < RefreshInterval {
-		if r.keys == nil {
-			return nil, ErrKeysUnavailable
-		}
 		return nil, fmt.Errorf("%w: key id not yet known, refresh not yet allowed", ErrKeysUnavailable)
 	}
-	r.fetched = r.now()
-	keys, err := r.fetch(ctx)
-	if err != nil {
+	if err := r.refreshLocked(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrKeysUnavailable, err)
 	}
-	r.keys = keys
-	if pub, ok := keys[keyID]; ok {
+	if pub, ok := r.lookup(keyID); ok {
 		return pub, nil
 	}
 	return nil, ErrUnknownKey
 }
 
+func (r *RemoteKeys) lookup(keyID string) (ed25519.PublicKey, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	pub, ok := r.keys[keyID]
+	return pub, ok
+}
+
 // Refresh fetches the keys now, whatever the last fetch was; call it at
-// start to fail early on a wrong URL or credential.
+// start to fail early on a wrong URL or credential. A failed fetch keeps
+// the keys already known.
 func (r *RemoteKeys) Refresh(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
+	return r.refreshLocked(ctx)
+}
+
+func (r *RemoteKeys) refreshLocked(ctx context.Context) error {
 	r.fetched = r.now()
 	keys, err := r.fetch(ctx)
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
 	r.keys = keys
+	r.mu.Unlock()
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,5 +121,31 @@ func TestMiddlewareAnswersUnknownKeyByRefreshState(t *testing.T) {
 		if want == CodeKeysUnavailable && w.Header().Get("Retry-After") == "" {
 			t.Fatal("503 without Retry-After")
 		}
+	}
+}
+
+// TestRemoteKeysOneFetchForManyDeliveries: deliveries arriving together
+// under a new key id share one fetch.
+func TestRemoteKeysOneFetchForManyDeliveries(t *testing.T) {
+	ks, srv := newKeyServer(t, `{"keys":[{"key_id":"k1","public_key":"`+envPublicText+`","current":true}]}`)
+	rk := NewRemoteKeys(srv.URL, "tok", nil)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := rk.PublicKey(context.Background(), "k1"); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := ks.fetches.Load(); n != 1 {
+		t.Fatalf("%d fetches for one new key id", n)
 	}
 }
