@@ -149,6 +149,12 @@
 // not_dead) take the tenant from the credential: another tenant's message id
 // is 404 not_found, like an unknown one. Unset status fields are null.
 //
+// GET /v1/outbound-keys (service or operator; contract §8.10) lists the
+// credential's tenant's outbound public keys, current first, then the
+// earlier ones the keys file lists (outboundkeys.PublicKeys); a tenant
+// without a key answers 200 with an empty list, a failing key source 503.
+// It takes no parameters, so another tenant's keys cannot be named.
+//
 // # Other answers
 //
 // Unknown routes answer 404 not_found and wrong methods 405
