@@ -139,6 +139,15 @@ func TestVerifyRefuses(t *testing.T) {
 		{"too many entries", func() *http.Request {
 			return delivery("msg_1", testNow, body, strings.TrimSpace(strings.Repeat(good+" ", 17)))
 		}, CodeMalformedHeader},
+		{"v1 with stray bits (a second spelling of the signature)", func() *http.Request {
+			// The last base64 character before "=" carries 2 bits past the
+			// 32 bytes; a decoder that ignores them would accept 3 other
+			// texts for one signature.
+			b := []byte(good)
+			i := len(b) - 2
+			b[i] = base64Next(b[i])
+			return delivery("msg_1", testNow, body, string(b))
+		}, CodeMalformedHeader},
 		{"only unknown versions", func() *http.Request { return delivery("msg_1", testNow, body, "v2,AAAA") }, CodeBadSignature},
 		{"stale", func() *http.Request {
 			old := testNow.Add(-DefaultTolerance - time.Second)
@@ -254,4 +263,11 @@ func TestHandlerRunsEffectOnce(t *testing.T) {
 	if effects != 1 {
 		t.Fatalf("%d effects, want 1", effects)
 	}
+}
+
+// base64Next is the next character of the standard alphabet.
+func base64Next(c byte) byte {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	i := strings.IndexByte(alphabet, c)
+	return alphabet[(i+1)%len(alphabet)]
 }
