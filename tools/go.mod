@@ -6,6 +6,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
@@ -17,7 +18,6 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.1.2 // indirect
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/golang/protobuf v1.5.2 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -39,9 +39,9 @@ require (
 	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 	golang.org/x/crypto v0.37.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sync v0.13.0 // indirect
 	golang.org/x/sys v0.38.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/text v0.24.0 // indirect
 	google.golang.org/protobuf v1.28.1 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )

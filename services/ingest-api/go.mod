@@ -6,6 +6,7 @@ require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/labstack/echo/v4 v4.13.4
 	github.com/prometheus/client_golang v1.23.2
@@ -16,7 +17,6 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.7.6
@@ -41,9 +41,9 @@ require (
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	golang.org/x/crypto v0.41.0 // indirect
 	golang.org/x/net v0.43.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sync v0.16.0 // indirect
 	golang.org/x/sys v0.38.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/text v0.28.0 // indirect
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
