@@ -1,6 +1,7 @@
 package receiver
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
@@ -199,7 +200,7 @@ func parseOutboundKeys(data []byte) (map[string]ed25519.PublicKey, error) {
 		return nil, errors.New("receiver: outbound keys answer is not well-formed JSON")
 	}
 	var ans OutboundKeys
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&ans); err != nil || ans.Keys == nil {
 		return nil, errors.New(`receiver: outbound keys answer is not {"keys":[…]}`)
