@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -231,6 +232,45 @@ func TestListAuditFilters(t *testing.T) {
 	} {
 		if _, err := ops.ListAudit(ctx, bad); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("ListAudit(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// DeadLetterCursorAt starts a page at the first death at or after t, ties on dead_at included.
+func TestDeadLetterCursorAt(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.fanOut("t1", 4, 4)
+	ids := f.killAll("t1", store.CodeHTTP5xx)
+	base := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
+	// Two died at base, two a microsecond later.
+	slices.Sort(ids)
+	for i, id := range ids {
+		if _, err := f.admin.Exec(`UPDATE outbox_messages SET dead_at = $1 WHERE tenant_id = 't1' AND message_id = $2`,
+			base.Add(time.Duration(i/2)*time.Microsecond), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		at   time.Time
+		want []string
+	}{
+		{base.Add(-time.Hour), ids},
+		{base, ids},
+		{base.Add(500 * time.Nanosecond), ids}, // inside a microsecond: truncated, as dead_at is
+		{base.Add(time.Microsecond), ids[2:]},
+		{base.Add(2 * time.Microsecond), nil},
+	} {
+		dls, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", store.MaxDeadLetterPage, store.DeadLetterCursorAt(c.at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, d := range dls {
+			got = append(got, d.MessageID)
+		}
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("from %s: %v, want %v", c.at.Format(time.RFC3339Nano), got, c.want)
 		}
 	}
 }

@@ -370,6 +370,15 @@ func TestDLQBulkReplay(t *testing.T) {
 	r.expect(t, ExitOK, "dry run: 2 dead letter(s)")
 	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), "--dry-run")
 	r.expect(t, ExitOK, "dry run: 0 dead letter(s)")
+	// --since skips what died before it: the first letter died an hour ago.
+	if _, err := admin.DB().DB.Exec(`UPDATE outbox_messages SET dead_at = now() - interval '1 hour' WHERE message_id = $1`, x5xx[0]); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(-30*time.Minute).Format(time.RFC3339), "--dry-run")
+	r.expect(t, ExitOK, "dry run: 4 dead letter(s)")
+	if got := field(jsonLines(t, r.stdout), "message_id"); strings.Contains(strings.Join(got, ","), x5xx[0]) {
+		t.Fatalf("dry run --since listed a letter that died before: %v", got)
+	}
 	if deadCount() != 5 {
 		t.Fatal("a dry run replayed")
 	}

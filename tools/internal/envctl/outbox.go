@@ -338,6 +338,9 @@ func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
 		if len(f.id) > maxObjectID {
 			return c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
 		}
+		if !flagSet(fs, "timeout") {
+			d.timeout = time.Minute // the bulk default is for paced runs; one replay needs a moment
+		}
 		s, cctx, cancel, code := c.open(ctx, path, d)
 		if s == nil {
 			return code
@@ -434,6 +437,10 @@ func (c *cli) replayBulk(ctx context.Context, s *store.Store, path string, actor
 	seen := map[string]bool{}
 	var replayed, skipped, failed int
 	after := ""
+	if !sel.since.IsZero() {
+		// Start at the first death at or after --since rather than reading every older page.
+		after = store.DeadLetterCursorAt(sel.since)
+	}
 walk:
 	for {
 		dls, next, err := s.ListDeadLetters(ctx, actor.TenantID, sel.project, store.MaxDeadLetterPage, after)
