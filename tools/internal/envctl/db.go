@@ -24,7 +24,7 @@ const maxSequence = 1<<53 - 1
 const maxCredentialID = 64
 
 func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--dry-run] [--database-url URL]  |  migrate status")
+	fs := c.flagSet(path, "[--dry-run] [--database-url URL]\n       "+path+" status [--database-url URL]   (each migration's state and checksums)")
 	dryRun := fs.Bool("dry-run", false, "print the migrations that would be applied, one JSON object a line, and apply none")
 	d := c.addDBFlags(fs, 5*time.Minute)
 	if done, code := c.parse(fs, path, args); done {

@@ -114,7 +114,7 @@ func commands() []*command {
 			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList,
 				example: "envctl dlq list --tenant acme --project field --limit 100"},
 			{name: "replay", summary: "put one dead letter (--id), or a project's matching ones (--dry-run|--yes), back to pending", run: runDLQReplay,
-				example: "envctl dlq replay --tenant acme --project field --code http_503 --since 2026-01-02T00:00:00Z --dry-run"},
+				example: "envctl dlq replay --tenant acme --project field --code http_5xx --since 2026-01-02T00:00:00Z --dry-run"},
 		}},
 		{name: "outbox", summary: "inspect outbox messages and their delivery attempts", subs: []*command{
 			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow,

@@ -308,7 +308,7 @@ func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
 	fs.String("account", "", "who replays: recorded as account_id in each audit row (optional)")
 	fs.StringVar(&f.project, "project", "", "bulk: replay this project's dead letters (required without --id)")
 	fs.StringVar(&f.endpoint, "endpoint", "", "bulk: only dead letters of this endpoint id")
-	fs.StringVar(&f.code, "code", "", "bulk: only dead letters whose last error code is this, e.g. http_503")
+	fs.StringVar(&f.code, "code", "", "bulk: only dead letters whose last error code is this, e.g. http_5xx")
 	fs.StringVar(&f.since, "since", "", "bulk: only dead letters that died at or after this time (RFC 3339)")
 	fs.IntVar(&f.limit, "limit", 100, fmt.Sprintf("bulk: replay at most this many, oldest death first (1-%d)", maxBulkReplay))
 	fs.BoolVar(&f.dryRun, "dry-run", false, "bulk: print the dead letters that would be replayed and replay none")
