@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
@@ -18,7 +19,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.7.6 // indirect
+	github.com/jackc/pgx/v5 v5.7.6
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/labstack/gommon v0.4.2 // indirect
@@ -52,3 +53,5 @@ replace (
 	github.com/envelopeworker/envelopeworker/modules/limiter => ../../modules/limiter
 	github.com/envelopeworker/envelopeworker/modules/store => ../../modules/store
 )
+
+replace github.com/envelopeworker/envelopeworker/modules/buildinfo => ../../modules/buildinfo

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -107,6 +108,6 @@ func (m *Metrics) SecretReload(ok bool) {
 // collectors, so two workers in one process (tests) never share series.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Get().Collector())
 	return reg
 }

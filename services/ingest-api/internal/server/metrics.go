@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -98,6 +99,6 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) *metrics {
 // so two servers in one process (tests) never share series.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Get().Collector())
 	return reg
 }
