@@ -1,9 +1,10 @@
 package server
 
 import (
-	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 )
 
 // The policy label of limiter_refusals_total; with the "_limiter" suffix
