@@ -10,7 +10,10 @@
 // (envctl migrate; its name carries the release because a Job's pod template
 // is immutable), NetworkPolicies (default deny plus one allow-list per
 // binary) and one ServiceAccount per binary. overlays/dev and overlays/prod
-// set namespace, replicas and resources.
+// set namespace, replicas and resources. components/monitoring (used by prod)
+// holds PodMonitors, a PrometheusRule with the alerts of docs/operations.md
+// and the Grafana dashboard; monitoring_test.go checks them against the
+// metrics the real binaries export.
 //
 // Secrets are referenced, never written here. Operators create, in the
 // overlay's namespace:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
@@ -57,6 +58,12 @@ func newTyped(apiVersion, kind string) (any, error) {
 		return &batchv1.Job{}, nil
 	case "networking.k8s.io/v1 NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}, nil
+	case "monitoring.coreos.com/v1 PodMonitor":
+		return &monitoringv1.PodMonitor{}, nil
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		return &monitoringv1.ServiceMonitor{}, nil
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		return &monitoringv1.PrometheusRule{}, nil
 	}
 	return nil, fmt.Errorf("unexpected kind %s %s", apiVersion, kind)
 }
@@ -183,7 +190,17 @@ func violations(objs []object) []string {
 		fail("%s: secrets are referenced, never part of the manifests", o)
 	}
 	for _, o := range byKind["ConfigMap"] {
-		fail("%s: unexpected ConfigMap (settings live in env, secrets in Secrets)", o)
+		// The one ConfigMap: Grafana dashboards, found by the sidecar's label.
+		cm := o.Obj.(*corev1.ConfigMap)
+		if cm.Labels["grafana_dashboard"] != "1" {
+			fail("%s: unexpected ConfigMap (settings live in env, secrets in Secrets)", o)
+			continue
+		}
+		for k, v := range cm.Data {
+			if !strings.HasSuffix(k, ".json") || !json.Valid([]byte(v)) {
+				fail("%s: %s is not a JSON dashboard", o, k)
+			}
+		}
 	}
 
 	dbSecrets := map[string]string{}

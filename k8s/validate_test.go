@@ -31,6 +31,9 @@ func TestOverlaysRenderAndPass(t *testing.T) {
 			}
 			want := map[string]int{"Deployment": 2, "Service": 1, "PodDisruptionBudget": 2, "HorizontalPodAutoscaler": 1,
 				"CronJob": 1, "Job": 1, "NetworkPolicy": 5, "ServiceAccount": 4}
+			if filepath.Base(dir) == "prod" { // components/monitoring
+				want["PodMonitor"], want["ServiceMonitor"], want["PrometheusRule"], want["ConfigMap"] = 2, 1, 1, 1
+			}
 			for k, n := range want {
 				if kinds[k] != n {
 					t.Errorf("%d %s objects, want %d", kinds[k], k, n)

@@ -5,6 +5,7 @@ go 1.26
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
@@ -18,8 +19,7 @@ require (
 require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/cespare/xxhash/v2 v2.1.2 // indirect
-	github.com/golang/protobuf v1.5.2 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
@@ -29,11 +29,11 @@ require (
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/mattn/go-colorable v0.1.14 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
-	github.com/matttproud/golang_protobuf_extensions v1.0.1 // indirect
-	github.com/prometheus/client_golang v1.13.0 // indirect
-	github.com/prometheus/client_model v0.2.0 // indirect
-	github.com/prometheus/common v0.37.0 // indirect
-	github.com/prometheus/procfs v0.8.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_golang v1.23.2 // indirect
+	github.com/prometheus/client_model v0.6.2 // indirect
+	github.com/prometheus/common v0.66.1 // indirect
+	github.com/prometheus/procfs v0.16.1 // indirect
 	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
 	github.com/rs/xid v1.6.0 // indirect
 	github.com/tmthrgd/go-hex v0.0.0-20190904060850-447a3041c3bc // indirect
@@ -41,16 +41,18 @@ require (
 	github.com/uptrace/bun/dialect/pgdialect v1.2.16 // indirect
 	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	golang.org/x/crypto v0.37.0 // indirect
-	golang.org/x/sync v0.13.0 // indirect
+	golang.org/x/sync v0.16.0 // indirect
 	golang.org/x/sys v0.38.0 // indirect
-	golang.org/x/text v0.24.0 // indirect
-	google.golang.org/protobuf v1.28.1 // indirect
+	golang.org/x/text v0.28.0 // indirect
+	google.golang.org/protobuf v1.36.8 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
 
 replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../migrations
+	github.com/envelopeworker/envelopeworker/modules/buildinfo => ../modules/buildinfo
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../modules/envelope
 	github.com/envelopeworker/envelopeworker/modules/producer => ../modules/producer
 	github.com/envelopeworker/envelopeworker/modules/receiver => ../modules/receiver

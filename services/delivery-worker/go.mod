@@ -12,6 +12,7 @@ replace (
 
 require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
@@ -52,3 +53,5 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/envelopeworker/envelopeworker/modules/buildinfo => ../../modules/buildinfo

@@ -13,10 +13,16 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/app"
 )
 
 func main() {
+	// Answered before any setting is read: a version needs no database.
+	if buildinfo.VersionRequested(os.Args[1:]) {
+		buildinfo.Print(os.Stdout, "delivery-worker")
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, nil)
 	stop()

@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/app"
 )
 
@@ -24,6 +25,11 @@ import (
 const gcPercent = 400
 
 func main() {
+	// Answered before any setting is read: a version needs no database.
+	if buildinfo.VersionRequested(os.Args[1:]) {
+		buildinfo.Print(os.Stdout, "ingest-api")
+		return
+	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}

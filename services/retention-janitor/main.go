@@ -12,10 +12,16 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/janitor"
 )
 
 func main() {
+	// Answered before any setting is read: a version needs no database.
+	if buildinfo.VersionRequested(os.Args[1:]) {
+		buildinfo.Print(os.Stdout, "retention-janitor")
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	err := janitor.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()

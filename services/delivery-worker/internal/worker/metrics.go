@@ -3,6 +3,9 @@ package worker
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
+	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
 )
 
 // Metrics of the worker. Labels come only from closed sets (verdict, stable
@@ -90,6 +93,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.attempts, m.latency, m.due, m.oldestDueAge, m.leaseExpiries, m.fenced, m.claims,
 		m.claimed, m.settleBatch, m.limiterRefused, m.tenantCapped, m.storeErrors, m.inFlight, m.secretReloads)
+	// Series that exist from the start: rate() and increase() need a zero
+	// before the first event to see it, and dashboards and alerts (and the
+	// k8s module's test that scrapes this binary) find the families before
+	// any delivery. Label values with unbounded or rare sets stay lazy.
+	m.attempts.WithLabelValues(sender.Delivered.String(), "")
+	for _, v := range []sender.Verdict{sender.Delivered, sender.Retry, sender.Dead} {
+		m.latency.WithLabelValues(v.String())
+	}
+	m.secretReloads.WithLabelValues("ok")
+	m.secretReloads.WithLabelValues("refused")
 	return m
 }
 
@@ -107,6 +120,6 @@ func (m *Metrics) SecretReload(ok bool) {
 // collectors, so two workers in one process (tests) never share series.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Get().Collector())
 	return reg
 }

@@ -3,6 +3,8 @@ package server
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 )
 
 // The policy label of limiter_refusals_total; with the "_limiter" suffix
@@ -98,6 +100,6 @@ func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) *metrics {
 // so two servers in one process (tests) never share series.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Get().Collector())
 	return reg
 }

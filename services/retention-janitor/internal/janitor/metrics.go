@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
 )
 
@@ -33,6 +34,9 @@ const (
 // timestamp is included only for a successful run (see pushMetrics).
 func registry(s Summary, failed bool, end time.Time) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
+	// Pushed with every run, success or not, so the gateway shows which
+	// build ran last.
+	reg.MustRegister(buildinfo.Get().Collector())
 	gauge := func(name, help string, v float64) {
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 		g.Set(v)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -376,7 +377,7 @@ func TestRunPushesMetrics(t *testing.T) {
 	if p.method != http.MethodPut || p.path != "/metrics/job/"+PushJob {
 		t.Fatalf("push %s %s", p.method, p.path)
 	}
-	want := []string{MetricRowsDeleted, MetricBatches, MetricDuration, MetricSuccess, MetricStoppedBy, MetricRunTimestamp, MetricLastSuccessTS}
+	want := []string{MetricRowsDeleted, MetricBatches, MetricDuration, MetricSuccess, MetricStoppedBy, MetricRunTimestamp, MetricLastSuccessTS, buildinfo.MetricName}
 	if len(p.families) != len(want) {
 		t.Errorf("pushed %d families, want %d: %v", len(p.families), len(want), p.families)
 	}
@@ -397,6 +398,9 @@ func TestRunPushesMetrics(t *testing.T) {
 	labels := p.families[MetricStoppedBy].GetMetric()[0].GetLabel()
 	if len(labels) != 1 || labels[0].GetName() != "stopped_by" || labels[0].GetValue() != "done" {
 		t.Errorf("stopped_by labels = %v", labels)
+	}
+	if v := gaugeValue(t, p.families, buildinfo.MetricName); v != 1 {
+		t.Errorf("build_info = %v", v)
 	}
 }
 
