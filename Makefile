@@ -10,10 +10,10 @@ help: ## list the targets
 up: ## bring the whole stack up locally and show it working
 	scripts/up.sh
 
-down: ## stop what `make up` started
+down: ## stop what `make up` started and drop its demo database
 	scripts/down.sh
 
-test: ## vet, race-enabled tests and a short fuzz pass of every module, against a real PostgreSQL
+test: ## vet, tests (-race where goroutines run) and a short fuzz pass of every go.work module, against a real PostgreSQL
 	scripts/test.sh
 
 fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, producer answers, ingest-api HTTP, webhook signer, sink and receiver

@@ -10,8 +10,13 @@
 # audit rows with envctl. Then the outbox: it registers an endpoint pointing at the local webhook-sink,
 # POSTs /v1/outbox as the service (201), repeats it (200, byte-identical), shows idempotency_conflict and
 # no_endpoint, polls GET /v1/outbox/{id} until the worker has delivered it (bounded), and prints what the
-# sink received (signature checked, envelope verified with the outbound public key). Every answer is
-# printed and checked; a surprise makes the exit status 1.
+# sink received (signature checked, envelope verified with the outbound public key). Then a dead letter:
+# an endpoint under the secret ref DEMO_STALE_REF, which holds a secret the sink does not know, so the
+# sink answers 401 and the message is dead at once (http_4xx); the operator lists it (GET
+# /v1/dead-letters, and envctl dlq list), the demo puts the sink's secret under that ref (the worker
+# reloads its secrets file on change), the operator replays it (POST /v1/dead-letters/{id}/replay), it
+# is delivered, and the replay's audit row is shown. Every answer is printed and checked; a surprise
+# makes the exit status 1.
 set -euo pipefail
 umask 077
 script_name=demo.sh
@@ -28,6 +33,7 @@ need curl "install curl"
 project="proj-$(date -u +%H%M%S)"
 issued=$(date -u +%Y-%m-%dT%H:%M:%SZ) # fixed for the run: a duplicate must be byte-identical content
 drafts="$stack/demo-$project"
+printf '%s\n' "$project" >"$stack/last-demo-project" # for the commands up.sh prints
 mkdir -p "$drafts"
 surprises=0
 
@@ -111,17 +117,97 @@ printf '\n== the last audit rows (envctl audit list --tenant %s --project %s --l
 
 # --- the outbox ---------------------------------------------------------------------------------------
 
+# set_stale_secret SECRET: makes SECRET the worker's only secret for DEMO_STALE_REF and waits (at most
+# 15 s) until the worker has reloaded its secrets file. The rename makes the change atomic for the
+# worker, which reloads the file when its content changes.
+set_stale_secret() {
+	local file="$stack/webhook-secrets.json" before now
+	before=$(reloads)
+	sed -E 's#("'"$DEMO_STALE_REF"'":\[)"[^"]*"#\1"'"$1"'"#' "$file" >"$file.new" && mv "$file.new" "$file"
+	for _ in $(seq 1 30); do
+		now=$(reloads)
+		[ "$now" -gt "$before" ] && return 0
+		sleep 0.5
+	done
+	printf '   !! the delivery-worker did not reload its secrets file within 15 s\n'
+	surprises=$((surprises + 1))
+}
+reloads() { # the worker's count of successful secrets reloads
+	curl -sS --max-time 5 "$WORKER_METRICS_URL" 2>/dev/null |
+		awk '/^envelopeworker_delivery_secret_reloads_total\{result="ok"\}/ { n = $2 } END { printf "%d\n", n + 0 }'
+}
+
+# dead_letter_and_replay: a message to an endpoint whose secret the receiver does not know is refused
+# (401, dead at once with http_4xx); the operator lists it, the secret is corrected, the operator
+# replays it, and it is delivered.
+dead_letter_and_replay() {
+	local topic=task.audits endpoint request dead
+	printf '\n== a dead letter: %s/%s -> the sink, signed with secret ref %s, which the sink does not know\n' \
+		"$project" "$topic" "$DEMO_STALE_REF"
+	set_stale_secret "whsec_$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
+	endpoint=$("$envctl" endpoint add --database-url "$DATABASE_URL" --tenant "$DEMO_TENANT" --project "$project" \
+		--topic "$topic" --url "$SINK_URL" --secret-ref "$DEMO_STALE_REF") || {
+		printf '   !! endpoint add failed\n'
+		surprises=$((surprises + 1))
+	}
+	printf '   %s\n' "$endpoint"
+	request='{"project_id":"'"$project"'","topic":"'"$topic"'","idempotency_key":"audit-1","kind":"audit","payload":{"what":"nightly audit"},"max_attempts":5}'
+	api POST /v1/outbox "$request"
+	check 201 '"message_ids":\["msg_'
+	dead=$(printf '%s' "$answer" | sed -n 's/.*"message_ids":\["\([^"]*\)".*/\1/p')
+	printf '\n== GET /v1/outbox/%s: the sink answers 401 (bad_signature), so the message is dead at once\n' "${dead:-?}"
+	await "$dead" dead delivered
+	check 200 '"status":"dead"'
+
+	printf '\n== GET /v1/dead-letters?project_id=%s as the operator %s\n' "$project" "${DEMO_OPERATOR:-}"
+	AS=operator api GET "/v1/dead-letters?project_id=$project"
+	check 200 '"error_code":"http_4xx"'
+	printf '\n== envctl dlq list --tenant %s --project %s (the same, from the database)\n' "$DEMO_TENANT" "$project"
+	"$envctl" dlq list --database-url "$DATABASE_URL" --tenant "$DEMO_TENANT" --project "$project" |
+		sed 's/^/   /' || surprises=$((surprises + 1))
+
+	printf '\n== the receiver'"'"'s secret goes into the worker'"'"'s secrets file under %s (reloaded on change)\n' "$DEMO_STALE_REF"
+	set_stale_secret "$(tr -d '\n' <"$stack/webhook.secret")"
+	printf '\n== POST /v1/dead-letters/%s/replay as the operator: back to pending, same id and body\n' "${dead:-?}"
+	AS=operator api POST "/v1/dead-letters/$dead/replay"
+	check 200 '"message_id":"'"$dead"'"'
+	printf '\n== GET /v1/outbox/%s until the replay is delivered (at most 30 s)\n' "${dead:-?}"
+	await "$dead" delivered
+	check 200 '"status":"delivered"'
+	printf '\n== the replay'"'"'s audit row (envctl audit list --tenant %s --project %s --limit 1)\n' "$DEMO_TENANT" "$project"
+	local audit
+	audit=$("$envctl" audit list --database-url "$DATABASE_URL" --tenant "$DEMO_TENANT" --project "$project" --limit 1) ||
+		surprises=$((surprises + 1))
+	printf '   %s\n' "$audit"
+	case "$audit" in *'"replayed"'*) ;; *) printf '   !! expected an audit row with outcome replayed\n'; surprises=$((surprises + 1)) ;; esac
+}
+
 if [ -n "${SINK_URL:-}" ] && [ -f "$stack/service.token" ]; then
 	printf 'Authorization: Bearer %s\n' "$(cat "$stack/service.token")" >"$drafts/service.header"
+	if [ -f "$stack/operator.token" ]; then
+		printf 'Authorization: Bearer %s\n' "$(cat "$stack/operator.token")" >"$drafts/operator.header"
+	fi
 
-	# api METHOD PATH [BODY]: as the service; sets $code and $answer.
+	# api METHOD PATH [BODY]: as the service (AS=operator: as the operator); sets $code and $answer.
 	api() {
 		local out body=()
 		[ $# -lt 3 ] || body=(--data-binary "$3")
-		out=$(curl -sS --max-time 10 -H "@$drafts/service.header" -H 'Content-Type: application/json' \
+		out=$(curl -sS --max-time 10 -H "@$drafts/${AS:-service}.header" -H 'Content-Type: application/json' \
 			-X "$1" "${body[@]}" -w '\n%{http_code}' "$INGEST_URL$2" 2>&1) || true
 		code=${out##*$'\n'}
 		answer=${out%$'\n'*}
+	}
+	# await MESSAGE STATUS...: polls GET /v1/outbox/MESSAGE (at most 30 s) until its status is one of STATUS.
+	await() {
+		local id=$1 st
+		shift
+		for _ in $(seq 1 60); do
+			[ -n "$id" ] || return 0
+			api GET "/v1/outbox/$id"
+			st=$(printf '%s' "$answer" | sed -n 's/.*"status":"\([a-z]*\)".*/\1/p')
+			case " $* " in *" $st "*) return 0 ;; esac
+			sleep 0.5
+		done
 	}
 	# check WANT_CODE WANT_TEXT TITLE: prints and checks the last answer.
 	check() {
@@ -170,14 +256,7 @@ if [ -n "${SINK_URL:-}" ] && [ -f "$stack/service.token" ]; then
 	check 201 '"sequence":2,'
 
 	printf '\n== GET /v1/outbox/%s until the delivery-worker has delivered it (at most 30 s)\n' "${message:-?}"
-	status=""
-	for _ in $(seq 1 60); do
-		[ -n "$message" ] || break
-		api GET "/v1/outbox/$message"
-		status=$(printf '%s' "$answer" | sed -n 's/.*"status":"\([a-z]*\)".*/\1/p')
-		case "$status" in delivered | dead) break ;; esac
-		sleep 0.5
-	done
+	await "$message" delivered dead
 	check 200 '"status":"delivered"'
 
 	printf '\n== what the webhook-sink received (.tmp/stack/webhook-sink.log)\n'
@@ -187,7 +266,11 @@ if [ -n "${SINK_URL:-}" ] && [ -f "$stack/service.token" ]; then
 	*'"result":"accepted"'*'"signature":"verified"'*) ;;
 	*) printf '   !! expected an accepted delivery with a verified envelope signature\n'; surprises=$((surprises + 1)) ;;
 	esac
-	rm -f "$drafts/service.header"
+
+	if [ -f "$drafts/operator.header" ] && [ -n "${DEMO_STALE_REF:-}" ]; then
+		dead_letter_and_replay
+	fi
+	rm -f "$drafts/service.header" "$drafts/operator.header"
 fi
 
 echo

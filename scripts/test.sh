@@ -1,7 +1,22 @@
 #!/usr/bin/env bash
-# test.sh — every module's vet, race-enabled tests and a short fuzz pass, against a real PostgreSQL.
+# test.sh — every workspace module's vet, tests (race-enabled where goroutines share state) and a short
+# fuzz pass, against a real PostgreSQL. `make test` and CI (.ci/run) call it; `make fuzz` too.
 #
-# `go test ./...` at a go.work root tests nothing useful, so this walks the workspace's modules.
+# `go test ./...` at a go.work root tests nothing (the root is no module), but one `go test` given every
+# module's `./module/...` pattern builds and runs them all as one job graph: the two cores stay busy
+# across modules instead of waiting for the slowest package of each module in turn. The modules come
+# from go.work, so a new module is tested as soon as it is added there.
+#
+# Which packages run under -race is decided from their source, not from a list. The race detector can
+# only report a race between goroutines that actually ran, so a package earns -race when its code or
+# tests start goroutines: a go statement, t.Parallel, sync/atomic or golang.org/x/sync, an httptest
+# server (handlers run on its goroutines), os/exec (goroutines copy the child's output), or "sync" in
+# its tests. A package with none of these (pure parsing, config, signing) runs without -race: under it
+# the detector has nothing to watch, and the run costs several times as long (modules/envelope: 50 s
+# against a few). Its code is still race-checked wherever a race-tested package calls it
+# concurrently, since -race instruments every package linked into a test binary. The split is printed
+# on every run.
+#
 #   FUZZTIME=30000x   how long each fuzz target runs, in executions (0 skips the fuzz pass). A count,
 #                     not a duration: Go 1.26's coordinator can report a spurious "context deadline
 #                     exceeded" failure when a -fuzztime duration ends (golang/go#75804, fixed in 1.27).
@@ -9,12 +24,18 @@
 #                     60 s per entry, which for a target doing a database round trip per execution
 #                     (FuzzHTTP) costs far more than the executions themselves.
 #   MODULES="modules/envelope services/ingest-api"   restrict to some modules
+#   TEST_P=<cores>    how many test binaries build and run at once (go test -p). The default, one per
+#                     core, is the parallelism each module's tests had when modules ran one after
+#                     another: tests that time a peer (a hanging endpoint, a slow client) keep the CPU
+#                     they were written for. More may finish sooner on an idle machine.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 fuzztime=${FUZZTIME:-30000x}
 minimizetime=${FUZZMINIMIZETIME:-100x}
+parallel=${TEST_P:-$(nproc 2>/dev/null || echo 2)}
+started=$SECONDS
 
 eval "$(scripts/pg.sh)"
 cleanup() { if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi; }
@@ -27,27 +48,55 @@ if [ -n "${MODULES:-}" ]; then
 else
 	dirs=$(go list -m -f '{{.Dir}}')
 fi
+patterns=()
+for dir in $dirs; do patterns+=("./${dir#"$root"/}/..."); done
 
+step() { printf '=== %s (%ds)\n' "$*" $((SECONDS - started)); }
 failed=()
+
+step "go vet: ${patterns[*]}"
+go vet "${patterns[@]}" || failed+=("vet")
+
+# Each module builds without the workspace too, as a release and a Docker build see it.
+step "build each module with GOWORK=off"
 for dir in $dirs; do
-	rel=${dir#"$root"/}
-	echo "=== module $rel"
-	(cd "$dir" && go vet ./...) || { failed+=("$rel (vet)"); continue; }
-	# Each module builds without the workspace too, as a release and a Docker build see it.
-	(cd "$dir" && GOWORK=off go build ./...) || { failed+=("$rel (GOWORK=off build)"); continue; }
-	(cd "$dir" && go test -race -count=1 -timeout 15m ./...) || { failed+=("$rel (test)"); continue; }
-	if [ "$fuzztime" != 0 ]; then
-		for pkg in $(cd "$dir" && go list ./...); do
-			targets=$(cd "$dir" && go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true)
-			for t in $targets; do
-				echo "--- fuzz $pkg $t ($fuzztime)"
-				(cd "$dir" && go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimizetime" "$pkg") ||
-					failed+=("$rel ($t)")
-			done
-		done
-	fi
+	(cd "$dir" && GOWORK=off go build ./...) || failed+=("${dir#"$root"/} (GOWORK=off build)")
 done
 
+# One line per package with tests: import path, directory, its code files, its test files.
+race_pkgs=() plain_pkgs=() fuzz=()
+concurrent='^[[:space:]]*go (func|[A-Za-z_][A-Za-z0-9_.]*\()|\.Parallel\(\)|"sync/atomic"|"golang\.org/x/sync/|"net/http/httptest"|"os/exec"'
+while IFS=$'\t' read -r pkg dir code tests; do
+	# shellcheck disable=SC2086 # space-separated lists of plain file names
+	if (cd "$dir" && grep -qE "$concurrent" $code $tests) || (cd "$dir" && grep -q '"sync"' $tests); then
+		race_pkgs+=("$pkg")
+	else
+		plain_pkgs+=("$pkg")
+	fi
+	# shellcheck disable=SC2086
+	for t in $(cd "$dir" && sed -n -E 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $tests); do fuzz+=("$pkg $t"); done
+done < <(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{"\t"}}{{.Dir}}{{"\t"}}{{join .GoFiles " "}}{{"\t"}}{{join .TestGoFiles " "}} {{join .XTestGoFiles " "}}{{end}}' "${patterns[@]}")
+
+short() { local p; for p in "$@"; do printf ' %s' "${p#github.com/envelopeworker/envelopeworker/}"; done; }
+if [ ${#race_pkgs[@]} -gt 0 ]; then
+	step "go test -race, ${#race_pkgs[@]} packages with goroutines or shared state:$(short "${race_pkgs[@]}")"
+	go test -race -count=1 -p "$parallel" -timeout 15m "${race_pkgs[@]}" || failed+=("test -race")
+fi
+if [ ${#plain_pkgs[@]} -gt 0 ]; then
+	step "go test, ${#plain_pkgs[@]} packages without concurrency:$(short "${plain_pkgs[@]}")"
+	go test -count=1 -p "$parallel" -timeout 15m "${plain_pkgs[@]}" || failed+=("test")
+fi
+
+if [ "$fuzztime" != 0 ]; then
+	for f in "${fuzz[@]}"; do
+		read -r pkg t <<<"$f"
+		step "fuzz $pkg $t ($fuzztime)"
+		go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimizetime" "$pkg" ||
+			failed+=("$pkg ($t)")
+	done
+fi
+
+step "done"
 if [ ${#failed[@]} -gt 0 ]; then
 	printf 'FAILED: %s\n' "${failed[@]}"
 	exit 1

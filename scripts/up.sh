@@ -4,7 +4,7 @@
 #   1. PostgreSQL: DATABASE_URL when set (an admin URL: a database is created on that server), else
 #      scripts/pg.sh (the server on 127.0.0.1:5432, or a throwaway cluster it starts).
 #   2. A fresh database, envelopeworker_demo (DEMO_DATABASE), migrated by `envctl migrate`.
-#   3. A demo tenant: a device credential and a registered Ed25519 key; the token and the seed are kept
+#   3. A demo tenant: device, service and operator credentials and a registered Ed25519 key; tokens and seeds are kept
 #      in .tmp/stack/ (mode 0700), never printed.
 #   4. ingest-api in the background on the first free port from 8080 (INGEST_PORT), metrics from 9090
 #      (METRICS_PORT), as the least-privilege role envelopeworker_ingest when the server lets it in;
@@ -17,7 +17,11 @@
 #      (the sink is plain http on 127.0.0.1), metrics/health from 9190 (WORKER_METRICS_PORT), as
 #      envelopeworker_delivery when the server lets it in.
 #   6. scripts/demo.sh: envelopes in order, a duplicate, a gap and its fill, refusals, a batch, and the
-#      stream state; then an outbox message delivered to the sink; checking every answer.
+#      stream state; then an outbox message delivered to the sink, and a dead letter listed and replayed
+#      by the operator credential; checking every answer.
+#   7. A ready draft, .tmp/stack/example.json, and the exact commands to send it and to operate.
+#
+# up.sh records the database it created (.tmp/stack/demo-db) so down.sh can drop it again.
 #
 # Running it again stops the earlier processes and starts over with a fresh database. Works as root
 # (pg.sh runs PostgreSQL itself as a non-root user) and as a normal user.
@@ -54,6 +58,8 @@ db=${DEMO_DATABASE:-envelopeworker_demo}
 log "fresh database $db on $(redact "$admin")"
 fresh_db "$admin" "$db"
 dsn=$(dsn_with_db "$admin" "$db")
+# down.sh drops this database again when the server is not one pg.sh started for us (that one goes whole).
+printf 'DEMO_ADMIN_URL=%q\nDEMO_DATABASE=%q\n' "$admin" "$db" >"$stack/demo-db"
 
 build_stack_bins
 envctl="$bindir/envctl"
@@ -73,9 +79,10 @@ if ! answers "$delivery_dsn"; then
 fi
 
 tenant=demo device=device-1 key_id=demo-key-1 service=svc-1 out_key_id=demo-out-1 secret_ref=demo-hooks
-rm -rf "$stack/device.token" "$stack/device.seed" "$stack/stranger.seed" "$stack"/demo-* \
-	"$stack/service.token" "$stack/outbound.seed" "$stack/outbound-keys.json" "$stack/webhook.secret" \
-	"$stack/webhook-secrets.json"
+operator=ops-1 stale_ref=demo-stale
+rm -rf "$stack/device.token" "$stack/device.seed" "$stack/stranger.seed" "$stack"/demo-proj-* \
+	"$stack/service.token" "$stack/operator.token" "$stack/outbound.seed" "$stack/outbound-keys.json" \
+	"$stack/webhook.secret" "$stack/webhook-secrets.json" "$stack/example.json" "$stack/last-demo-project"
 "$envctl" credential issue --database-url "$dsn" --tenant "$tenant" --account acct-1 --device "$device" \
 	--role device >"$stack/device.token" || die "credential issue failed"
 pub=$("$envctl" keygen --seed-file "$stack/device.seed")
@@ -88,12 +95,17 @@ pub=$("$envctl" keygen --seed-file "$stack/device.seed")
 # the seed; receivers get the public key), and the webhook secret shared by the worker and the sink.
 "$envctl" credential issue --database-url "$dsn" --tenant "$tenant" --account acct-1 --device "$service" \
 	--role service >"$stack/service.token" || die "credential issue (service) failed"
+# The operator reads dead letters and replays them (GET /v1/dead-letters, POST .../replay).
+"$envctl" credential issue --database-url "$dsn" --tenant "$tenant" --account acct-1 --device "$operator" \
+	--role operator >"$stack/operator.token" || die "credential issue (operator) failed"
 out_pub=$("$envctl" keygen --seed-file "$stack/outbound.seed")
 printf '{"%s":{"key_id":"%s","seed":"%s"}}\n' "$tenant" "$out_key_id" "$(tr -d '\n' <"$stack/outbound.seed")" \
 	>"$stack/outbound-keys.json"
 secret="whsec_$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
 printf '%s\n' "$secret" >"$stack/webhook.secret"
-printf '{"%s":["%s"]}\n' "$secret_ref" "$secret" >"$stack/webhook-secrets.json"
+# demo-stale starts as a secret the sink does not know: the demo's dead letter. demo.sh rewrites it.
+printf '{"%s":["%s"],"%s":["whsec_%s"]}\n' "$secret_ref" "$secret" "$stale_ref" \
+	"$(head -c 32 /dev/urandom | base64 | tr -d '\n')" >"$stack/webhook-secrets.json"
 unset secret
 
 ingest_port=${INGEST_PORT:-$(free_port 8080)}
@@ -122,7 +134,7 @@ log "starting delivery-worker (metrics and health on 127.0.0.1:$worker_metrics_p
 (
 	export DATABASE_URL="$delivery_dsn" METRICS_ADDR="127.0.0.1:$worker_metrics_port"
 	export WEBHOOK_SECRETS_FILE="$stack/webhook-secrets.json" DELIVERY_ALLOW_INSECURE_LOOPBACK=true
-	export DELIVERY_POLL_INTERVAL=${DELIVERY_POLL_INTERVAL:-200ms}
+	export DELIVERY_POLL_INTERVAL=${DELIVERY_POLL_INTERVAL:-200ms} SECRETS_RELOAD_INTERVAL=500ms
 	start_bg delivery-worker "$stack/delivery-worker.pid" "$stack/delivery-worker.log"
 )
 wait_http "http://127.0.0.1:$worker_metrics_port/readyz" delivery-worker "$stack/delivery-worker.pid" \
@@ -140,12 +152,32 @@ DEMO_KEY_ID=$key_id
 DEMO_SERVICE=$service
 DEMO_OUT_KEY_ID=$out_key_id
 DEMO_SECRET_REF=$secret_ref
+DEMO_STALE_REF=$stale_ref
+DEMO_OPERATOR=$operator
 SINK_URL=$sink_url
 WORKER_METRICS_URL=http://127.0.0.1:$worker_metrics_port/metrics
 ENV
 
 demo_status=0
 "$root/scripts/demo.sh" || demo_status=$?
+
+# A ready draft for the first hand-made envelope: a project of its own, so it starts a fresh stream.
+stamp=$(date -u +%Y%m%d%H%M%S)
+project=$(cat "$stack/last-demo-project" 2>/dev/null || echo PROJECT)
+cat >"$stack/example.json" <<JSON
+{
+  "tenant_id": "$tenant",
+  "project_id": "my-first-project",
+  "producer_id": "$device",
+  "event_id": "evt-$stamp",
+  "idempotency_key": "idem-$stamp",
+  "key_id": "$key_id",
+  "sequence": 1,
+  "issued_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "metadata": {"kind": "task.status"},
+  "payload": {"hello": "world"}
+}
+JSON
 
 cat <<MSG
 
@@ -158,10 +190,23 @@ The stack is up and stays up:
   database    $(redact "$dsn")
   device      tenant $tenant, device $device, key $key_id (token .tmp/stack/device.token, seed .tmp/stack/device.seed)
   service     $service (token .tmp/stack/service.token), outbound key $out_key_id (.tmp/stack/outbound-keys.json)
-Send your own:  .tmp/bin/envctl send --url $url --token-file .tmp/stack/device.token \\
-                  --seed-file .tmp/stack/device.seed --file DRAFT.json
-Operate:        DATABASE_URL='$(redact "$dsn")' .tmp/bin/envctl audit list --tenant $tenant
-Stop it:        make down   (scripts/down.sh)
+  operator    $operator (token .tmp/stack/operator.token): dead letters and replays
+  envctl      .tmp/bin/envctl (and ingest-api, delivery-worker, webhook-sink, loadgen-ingest beside it)
+
+A ready draft, .tmp/stack/example.json (envctl send signs it with the device's seed):
+$(sed 's/^/  /' "$stack/example.json")
+
+Next, from this directory:
+  .tmp/bin/envctl send --url $url --token-file .tmp/stack/device.token \\
+    --seed-file .tmp/stack/device.seed --file .tmp/stack/example.json
+  # sending it again answers "duplicate"; raise "sequence" and change "event_id" for the next one
+
+  set -a; . .tmp/stack/env; set +a     # DATABASE_URL and the demo's names, for envctl's database commands
+  .tmp/bin/envctl audit list --tenant $tenant --limit 5
+  .tmp/bin/envctl dlq list --tenant $tenant --project $project     # the demo's project
+  curl -sS -H "Authorization: Bearer \$(cat .tmp/stack/operator.token)" "$url/v1/dead-letters?project_id=$project"
+
+Stop it:        make down   (scripts/down.sh; see the README for what it removes)
 MSG
 if [ "$demo_status" != 0 ]; then
 	log "the demo saw answers it did not expect (above); the stack is left running for a look"

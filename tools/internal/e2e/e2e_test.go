@@ -26,7 +26,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(producerChildEnv) != "" {
 		os.Exit(runProducerChild())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if built.dir != "" {
+			_ = os.RemoveAll(built.dir)
+		}
+		os.Exit(code)
+	}))
 }
 
 // freeAddr returns a loopback address nothing listens on right now.
@@ -45,16 +50,7 @@ func freeAddr(t *testing.T) string {
 // when the test ends, and must exit cleanly.
 func startIngest(t *testing.T, dsn string) string {
 	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "ingest-api")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join(root, "services", "ingest-api")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ingest-api: %v\n%s", err, out)
-	}
+	bin := buildService(t, "ingest-api")
 	addr := freeAddr(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin)

@@ -48,20 +48,42 @@ type service struct {
 	stop func() // SIGTERM and wait; safe to call twice
 }
 
-// buildService compiles services/<name> of this repository and returns the
-// binary's path.
+// built holds the binaries this test process has compiled, by service name. Every
+// test starts the same sources, and each `go build` re-links the binary even when
+// GOCACHE holds every package; one build per service per run keeps make test
+// short. TestMain removes dir.
+var built struct {
+	mu   sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
+// buildService compiles services/<name> of this repository once per test process
+// and returns the binary's path.
 func buildService(t *testing.T, name string) string {
 	t.Helper()
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if bin, ok := built.bins[name]; ok {
+		return bin
+	}
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), name)
+	if built.dir == "" {
+		if built.dir, err = os.MkdirTemp("", "e2e-bin-"); err != nil {
+			t.Fatal(err)
+		}
+		built.bins = map[string]string{}
+	}
+	bin := filepath.Join(built.dir, name)
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Dir = filepath.Join(root, "services", name)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
+	built.bins[name] = bin
 	return bin
 }
 
