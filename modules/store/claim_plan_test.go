@@ -29,14 +29,14 @@ FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `PREPARE claim_plan (text, int, bigint) AS `+store.ClaimSQL); err != nil {
+	if _, err := conn.ExecContext(ctx, `PREPARE claim_plan (text, int, bigint, bigint) AS `+store.ClaimSQL); err != nil {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		if _, err := conn.ExecContext(ctx, `SET plan_cache_mode = `+mode); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := conn.QueryContext(ctx, `EXPLAIN (COSTS OFF) EXECUTE claim_plan ('t1', 100, 60000000)`)
+		rows, err := conn.QueryContext(ctx, `EXPLAIN (COSTS OFF) EXECUTE claim_plan ('t1', 100, 60000000, 7776000000000)`)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -59,6 +59,10 @@ var (
 	// (its lease expired and it was claimed again, or it was settled already).
 	// The row is unchanged; the worker drops its result.
 	ErrFenced = errors.New("store: attempt fenced")
+	// ErrPayloadExpired: a replay of a dead letter whose envelope body the
+	// retention-janitor deleted (HTTP 409 payload_expired, §8.9). Nothing
+	// was changed.
+	ErrPayloadExpired = errors.New("store: payload expired")
 )
 
 // Outbox bounds.
@@ -139,10 +143,13 @@ type EnqueueRequest struct {
 
 // EnqueueResult is the stored envelope (byte-identical on a repeat) and its
 // message ids, ordered by endpoint id. Created is false for a repeat.
+// PayloadExpired: a repeat whose envelope body expired (§8.9); Envelope is
+// nil then.
 type EnqueueResult struct {
-	Envelope   []byte
-	MessageIDs []string
-	Created    bool
+	Envelope       []byte
+	MessageIDs     []string
+	Created        bool
+	PayloadExpired bool
 }
 
 // allocateSequenceSQL takes the outbound stream lock and the next sequence
@@ -154,9 +161,14 @@ ON CONFLICT (tenant_id, project_id, producer_id)
 DO UPDATE SET last_sequence = outbound_streams.last_sequence + 1, updated_at = now()
 RETURNING last_sequence`
 
+// findOutboundByKeySQL reads the body new-then-old (migration 0008); NULL
+// when the retention-janitor deleted it.
 const findOutboundByKeySQL = `
-SELECT event_identity, request_digest, envelope FROM outbound_envelopes
-WHERE tenant_id = $1 AND project_id = $2 AND idempotency_digest = $3`
+SELECT o.event_identity, o.request_digest,
+       coalesce((SELECT b.envelope FROM outbound_bodies b
+                 WHERE b.tenant_id = o.tenant_id AND b.event_identity = o.event_identity), o.envelope)
+FROM outbound_envelopes o
+WHERE o.tenant_id = $1 AND o.project_id = $2 AND o.idempotency_digest = $3`
 
 const messageIDsSQL = `
 SELECT message_id FROM outbox_messages
@@ -176,12 +188,17 @@ WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active'
 ORDER BY endpoint_id
 LIMIT $4`
 
+// The body goes to outbound_bodies only (migration 0008); the identity row
+// keeps none.
 const insertOutboundSQL = `
 WITH env AS (
     INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
-                                    idempotency_digest, request_digest, envelope)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                    idempotency_digest, request_digest)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
     RETURNING tenant_id, event_identity
+), body AS (
+    INSERT INTO outbound_bodies (tenant_id, event_identity, envelope)
+    SELECT tenant_id, event_identity, $9 FROM env
 )
 INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
                              max_attempts, budget, next_attempt_at)
@@ -251,7 +268,7 @@ func enqueueTx(ctx context.Context, tx *sql.Tx, tenant string, r EnqueueRequest)
 		}
 		// The caller sees Created=false; returning an error rolls the
 		// sequence back.
-		return EnqueueResult{Envelope: envelope, MessageIDs: ids}, errRepeat
+		return EnqueueResult{Envelope: envelope, MessageIDs: ids, PayloadExpired: envelope == nil}, errRepeat
 	case !errors.Is(err, sql.ErrNoRows):
 		return EnqueueResult{}, err
 	}
@@ -305,20 +322,24 @@ func queryStrings(ctx context.Context, tx *sql.Tx, query string, args ...any) ([
 // MessageStatus is GET /v1/outbox/{id}. NextAttemptAt is when the message is
 // next due: the retry time while pending, the lease expiry while delivering
 // (the earliest another attempt can start), nil once delivered or dead.
+//
+// PayloadExpired: the retention-janitor deleted the envelope's body (§8.9).
 type MessageStatus struct {
 	MessageID, EndpointID, Topic, Status, LastErrorCode string
 	Attempts                                            int
 	NextAttemptAt, DeliveredAt                          *time.Time
+	PayloadExpired                                      bool
 }
 
 const messageStatusColumns = `message_id, endpoint_id, topic, status, last_error_code, attempts,
     next_attempt_at, delivered_at`
 
-func scanStatus(sc interface{ Scan(...any) error }) (MessageStatus, error) {
+// scanStatus reads messageStatusColumns, then the extra destinations.
+func scanStatus(sc interface{ Scan(...any) error }, extra ...any) (MessageStatus, error) {
 	var m MessageStatus
 	var next, delivered sql.NullTime
-	if err := sc.Scan(&m.MessageID, &m.EndpointID, &m.Topic, &m.Status, &m.LastErrorCode, &m.Attempts,
-		&next, &delivered); err != nil {
+	if err := sc.Scan(append([]any{&m.MessageID, &m.EndpointID, &m.Topic, &m.Status, &m.LastErrorCode, &m.Attempts,
+		&next, &delivered}, extra...)...); err != nil {
 		return MessageStatus{}, err
 	}
 	if next.Valid {
@@ -330,8 +351,13 @@ func scanStatus(sc interface{ Scan(...any) error }) (MessageStatus, error) {
 	return m, nil
 }
 
-const outboxMessageSQL = `SELECT ` + messageStatusColumns + `
-FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2`
+// outboxMessageSQL adds whether the body is gone: in neither table
+// (migration 0008 moves it from the old column to outbound_bodies).
+const outboxMessageSQL = `SELECT ` + messageStatusColumns + `,
+    NOT EXISTS (SELECT FROM outbound_bodies b WHERE b.tenant_id = m.tenant_id AND b.event_identity = m.event_identity)
+    AND NOT EXISTS (SELECT FROM outbound_unmoved_bodies u
+                    WHERE u.tenant_id = m.tenant_id AND u.event_identity = m.event_identity)
+FROM outbox_messages m WHERE m.tenant_id = $1 AND m.message_id = $2`
 
 // OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
 // other tenants' ids are all ErrNotFound.
@@ -343,7 +369,9 @@ func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageSt
 	if !messageIDRE.MatchString(id) {
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}
-	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id))
+	var expired bool
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id), &expired)
+	m.PayloadExpired = expired
 	if errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}
