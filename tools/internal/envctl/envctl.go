@@ -80,6 +80,9 @@ func commands() []*command {
 			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList},
 			{name: "replay", summary: "put a dead letter back to pending with a fresh attempt budget", run: runDLQReplay},
 		}},
+		{name: "outbox", summary: "outbound envelope bodies", subs: []*command{
+			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies},
+		}},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify},
 	}
 }

@@ -66,7 +66,7 @@ func statusOf(reason string) int {
 		return http.StatusConflict
 	case reasonIdempotencyConflict, reasonNoSigningKey, reasonNoEndpoint:
 		return http.StatusUnprocessableEntity
-	case reasonNotDead:
+	case reasonNotDead, reasonPayloadExpired:
 		return http.StatusConflict
 	case reasonBodyTooLarge:
 		return http.StatusRequestEntityTooLarge
