@@ -107,12 +107,15 @@ const (
 	// CodeSecretRefForeign: the endpoint names a secret ref its tenant does
 	// not own; the worker refuses to sign with it (dead at once, never sent).
 	CodeSecretRefForeign = "secret_ref_foreign"
+	// CodePayloadExpired: the claimed message's envelope body is gone
+	// (§8.9); the worker does not send an empty body (dead at once).
+	CodePayloadExpired = "payload_expired"
 )
 
 var errorCodes = map[string]bool{
 	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true,
 	CodeTimeout: true, CodeConnectFailed: true, CodeRedirectRefused: true, CodeBlockedAddress: true,
-	CodeTLSFailed: true, CodeNoSecret: true, CodeSecretRefForeign: true,
+	CodeTLSFailed: true, CodeNoSecret: true, CodeSecretRefForeign: true, CodePayloadExpired: true,
 }
 
 // ValidErrorCode reports whether code is one of the Code* constants.
