@@ -21,6 +21,7 @@
 //	envctl dlq list --tenant T --project P [--limit N] [--after CURSOR]
 //	envctl dlq replay --tenant T --id M [--account A]                    (+ --account)
 //	envctl verify                                                        (+)
+//	envctl outbox backfill-bodies [--batch N] [--pause D] [--retention D] (+, migration 0008's backfill)
 //
 // Every database command reads DATABASE_URL, or --database-url, and gives up after --timeout.
 //
