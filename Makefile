@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-janitor bench-delivery soak chaos
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-outbox bench-janitor bench-delivery soak chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -16,8 +16,8 @@ down: ## stop what `make up` started
 test: ## vet, race-enabled tests and a short fuzz pass of every module, against a real PostgreSQL
 	scripts/test.sh
 
-fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, ingest-api HTTP, webhook signer and sink
-	FUZZTIME=$${FUZZTIME:-10m} MODULES="$${MODULES:-modules/envelope services/ingest-api services/delivery-worker tools}" scripts/test.sh
+fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, producer answers, ingest-api HTTP, webhook signer and sink
+	FUZZTIME=$${FUZZTIME:-10m} MODULES="$${MODULES:-modules/envelope modules/producer services/ingest-api services/delivery-worker tools}" scripts/test.sh
 
 lint: ## go vet and gofmt over every module
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -42,6 +42,9 @@ bench-ingest: ## ingest-api over HTTP beside pgbench, same database, same run
 
 bench-janitor: ## janitor delete throughput and its effect on concurrent ingest p99
 	scripts/bench-janitor.sh
+
+bench-outbox: ## POST /v1/outbox: one busy producer vs sixteen, batch vs single (alternating rounds)
+	scripts/bench-outbox.sh
 
 bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle loop
 	scripts/bench-delivery.sh

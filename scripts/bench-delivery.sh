@@ -13,6 +13,19 @@
 #                             every min(this, 100ms); the worker's default is 500ms)
 #   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
 #                             compared settings alternate on a machine whose load drifts
+#   BENCH_RIVER=1             also run River on no-op jobs with ~1 KiB arguments once a round, after the
+#                             workers (tools/loadgen-river: as many River workers as DELIVERY_CONCURRENCY,
+#                             FetchPollInterval BENCH_POLL, the same backlog size): the reference of issue 14
+#                             (one worker >= 1.0x River). 0 skips it.
+#   BENCH_BASELINE=           a git revision: also build delivery-worker as of it and run it before the
+#                             current build for every worker count and share of a round (rows "W@base"),
+#                             so a change is measured against its baseline in the same run
+#                             (BENCH_BASELINE_REV is the same setting under its earlier name)
+#   BENCH_LOG_LEVEL=warn      LOG_LEVEL of each worker; info writes the line each settled attempt logs
+#                             (discarded), as a production worker does
+#   BENCH_PROFILE_DIR=        when set, each worker run writes the first worker's CPU profile of the drain
+#                             and, if the server preloads pg_stat_statements, the drain's statements, to
+#                             DIR/round-R-workers-W-share-S/ (loadgen-delivery --profile-dir)
 #
 #   BENCH_SHARES="default off" BENCH_WORKERS=1 BENCH_ROUNDS=5 scripts/bench-delivery.sh
 #                             one tenant against a fast sink with the tenant share on and off
@@ -31,6 +44,10 @@ concurrency=${BENCH_CONCURRENCY:-200}
 shares=${BENCH_SHARES:-default}
 rounds=${BENCH_ROUNDS:-1}
 poll=${BENCH_POLL:-10ms}
+river=${BENCH_RIVER:-1}
+baseline=${BENCH_BASELINE:-${BENCH_BASELINE_REV:-}}
+log_level=${BENCH_LOG_LEVEL:-warn}
+profile_dir=${BENCH_PROFILE_DIR:-}
 for s in $shares; do
 	case $s in
 	default | off) ;;
@@ -44,7 +61,7 @@ need go "install Go 1.26"
 
 started_pg=0
 admin=""
-db=envelopeworker_bench_delivery
+db=envelopeworker_bench_delivery_$$ # per run: several runs may share one server
 cleanup() {
 	if [ -n "$admin" ]; then
 		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
@@ -63,6 +80,23 @@ log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 (cd "$root" && go build -o "$bindir/envctl" ./tools/envctl) || die "go build envctl failed"
 (cd "$root" && go build -o "$bindir/delivery-worker" ./services/delivery-worker) || die "go build delivery-worker failed"
 (cd "$root" && go build -o "$bindir/loadgen-delivery" ./tools/loadgen-delivery) || die "go build loadgen-delivery failed"
+builds=(current)
+if [ -n "$baseline" ]; then
+	need git "install git"
+	rm -rf "$tmp/bench-baseline" && mkdir -p "$tmp/bench-baseline"
+	git -C "$root" archive "$baseline" | tar -x -C "$tmp/bench-baseline" || die "cannot export $baseline"
+	(cd "$tmp/bench-baseline" && go build -o "$bindir/delivery-worker-baseline" ./services/delivery-worker) ||
+		die "go build delivery-worker at $baseline failed"
+	builds=(baseline current)
+fi
+if [ "$river" = 1 ]; then
+	# Its own module, outside go.work: River's dependencies stay out of the services'.
+	# Building it may need its modules downloaded: without them the worker runs are still worth having.
+	if ! (cd "$root/tools/loadgen-river" && GOWORK=off go build -o "$bindir/loadgen-river" .); then
+		log "go build loadgen-river failed: no River comparison this run (BENCH_RIVER=0 skips the attempt)"
+		river=0
+	fi
+fi
 
 field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9.e+-]+).*/\1/p'; }
 rows=()
@@ -76,22 +110,38 @@ for r in $(seq "$rounds"); do
 			off) share=$concurrency ;;
 			*) share=$s ;;
 			esac
-			fresh_db "$admin" "$db"
-			dsn=$(dsn_with_db "$admin" "$db")
-			"$bindir/envctl" migrate --database-url "$dsn" >&2
-			log "round $r: $w worker(s), $messages messages, concurrency $concurrency, tenant share $s"
-			out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bindir/delivery-worker" \
-				--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages")
-			log "$out"
-			row "$r" "$w" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
-				"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
-				"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
-				"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
-				"$(field "$out" load_average_1m)"
+			for b in "${builds[@]}"; do
+				bin=$bindir/delivery-worker label=$w
+				if [ "$b" = baseline ]; then bin=$bindir/delivery-worker-baseline label=$w@base; fi
+				fresh_db "$admin" "$db"
+				dsn=$(dsn_with_db "$admin" "$db")
+				"$bindir/envctl" migrate --database-url "$dsn" >&2
+				log "round $r: $w worker(s) ($b), $messages messages, concurrency $concurrency, tenant share $s"
+				prof=()
+				if [ -n "$profile_dir" ]; then prof=(--profile-dir "$profile_dir/round-$r-workers-$w-share-$s-$b"); fi
+				out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bin" \
+					--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" \
+					--worker-log-level "$log_level" ${prof[@]+"${prof[@]}"})
+				log "$out"
+				row "$r" "$label" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
+					"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
+					"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
+					"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
+					"$(field "$out" load_average_1m)"
+			done
 		done
 	done
+	if [ "$river" = 1 ]; then
+		fresh_db "$admin" "$db"
+		dsn=$(dsn_with_db "$admin" "$db")
+		log "round $r: River, $messages no-op jobs, $concurrency workers"
+		out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll")
+		log "$out"
+		row "$r" "River" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
+			"$(field "$out" load_average_1m)"
+	fi
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares)"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares, LOG_LEVEL $log_level${baseline:+, baseline $baseline})"
 printf '%s\n' "${rows[@]}"

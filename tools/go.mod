@@ -6,6 +6,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
@@ -19,6 +20,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.1.2 // indirect
 	github.com/golang/protobuf v1.5.2 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
@@ -48,6 +51,7 @@ require (
 replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../modules/envelope
+	github.com/envelopeworker/envelopeworker/modules/producer => ../modules/producer
 	github.com/envelopeworker/envelopeworker/modules/redact => ../modules/redact
 	github.com/envelopeworker/envelopeworker/modules/store => ../modules/store
 )

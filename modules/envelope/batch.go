@@ -2,7 +2,8 @@ package envelope
 
 import "strconv"
 
-// MaxBatch is the largest number of envelopes in one batch request.
+// MaxBatch is the largest number of items in one batch request (envelopes,
+// or outbox messages).
 const MaxBatch = 100
 
 // SplitBatch reads a batch body {"envelopes":[...]} and returns each item's
@@ -17,7 +18,16 @@ const MaxBatch = 100
 // and the envelope rules apply to each item on its own when it is parsed, so
 // one bad item (say, a number or a too-deep object) gets its own
 // invalid_envelope and does not sink its neighbours.
-func SplitBatch(data []byte) ([][]byte, error) {
+func SplitBatch(data []byte) ([][]byte, error) { return splitWrapped(data, "envelopes") }
+
+// SplitOutboxBatch reads a POST /v1/outbox/batch body {"messages":[...]}
+// (contract §8.5) exactly as SplitBatch reads an envelope batch: the same
+// byte limit, the same strict wrapper of 1..MaxBatch items, and items checked
+// only for JSON grammar. Any wrapper error is the caller's whole-request
+// refusal (the outbox route answers it invalid_request).
+func SplitOutboxBatch(data []byte) ([][]byte, error) { return splitWrapped(data, "messages") }
+
+func splitWrapped(data []byte, member string) ([][]byte, error) {
 	lim := DefaultLimits()
 	if len(data) > lim.MaxBytes {
 		return nil, &Error{Reason: ReasonBodyTooLarge, Detail: "body larger than " + strconv.Itoa(lim.MaxBytes) + " bytes"}
@@ -31,7 +41,7 @@ func SplitBatch(data []byte) ([][]byte, error) {
 	seen := false
 	s.ws()
 	if s.eat('}') {
-		return nil, invalid("batch: missing member envelopes")
+		return nil, invalid("batch: missing member %s", member)
 	}
 	for {
 		s.ws()
@@ -52,11 +62,11 @@ func SplitBatch(data []byte) ([][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if name != "envelopes" {
+		if name != member {
 			return nil, invalid("batch: unknown member")
 		}
 		if seen {
-			return nil, invalid("batch: duplicate member envelopes")
+			return nil, invalid("batch: duplicate member %s", member)
 		}
 		seen = true
 		s.ws()
@@ -65,7 +75,7 @@ func SplitBatch(data []byte) ([][]byte, error) {
 		}
 		s.ws()
 		if !s.eat('[') {
-			return nil, invalid("batch: envelopes must be an array")
+			return nil, invalid("batch: %s must be an array", member)
 		}
 		s.ws()
 		if !s.eat(']') {
@@ -76,7 +86,7 @@ func SplitBatch(data []byte) ([][]byte, error) {
 					return nil, err
 				}
 				if len(items) == MaxBatch {
-					return nil, invalid("batch: more than %d envelopes", MaxBatch)
+					return nil, invalid("batch: more than %d %s", MaxBatch, member)
 				}
 				items = append(items, data[start:s.pos:s.pos])
 				s.ws()
@@ -103,7 +113,7 @@ func SplitBatch(data []byte) ([][]byte, error) {
 		return nil, invalid("batch: data after the top-level value at offset %d", s.pos)
 	}
 	if len(items) == 0 {
-		return nil, invalid("batch: envelopes must hold 1..%d items", MaxBatch)
+		return nil, invalid("batch: %s must hold 1..%d items", member, MaxBatch)
 	}
 	return items, nil
 }

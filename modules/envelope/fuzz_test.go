@@ -113,3 +113,38 @@ func FuzzSplitBatch(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSplitOutboxBatch checks that SplitOutboxBatch never panics, that it
+// answers every malformed wrapper with a reason, and that it accepts exactly
+// the wrappers SplitBatch accepts once the member is renamed: one parser,
+// two member names.
+func FuzzSplitOutboxBatch(f *testing.F) {
+	f.Fuzz(func(t *testing.T, data []byte) {
+		items, err := SplitOutboxBatch(data)
+		if err != nil {
+			if _, ok := ReasonOf(err); !ok {
+				t.Fatalf("error without a reason: %v", err)
+			}
+			return
+		}
+		if len(items) < 1 || len(items) > MaxBatch {
+			t.Fatalf("%d items", len(items))
+		}
+		for _, it := range items {
+			if !bytes.Contains(data, it) {
+				t.Fatalf("item %q is not part of the body", it)
+			}
+		}
+		joined := string(bytes.Join(items, []byte(",")))
+		again, err := SplitOutboxBatch([]byte(`{"messages":[` + joined + `]}`))
+		if err != nil || len(again) != len(items) {
+			t.Fatalf("re-assembled batch: %d items, %v", len(again), err)
+		}
+		if env, err := SplitBatch([]byte(`{"envelopes":[` + joined + `]}`)); err != nil || len(env) != len(items) {
+			t.Fatalf("the same items as an envelope batch: %d items, %v", len(env), err)
+		}
+		if _, err := SplitBatch(data); err == nil {
+			t.Fatalf("body %q is both an outbox and an envelope batch", data)
+		}
+	})
+}

@@ -1,28 +1,30 @@
 package store
 
-// ClaimSQL lets the external tests look at the claim's plan.
-const ClaimSQL = claimSQL
-
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
 // checks, by name.
 var HotSQL = map[string]string{
-	"lockStream":      lockStreamSQL,
-	"decide":          decideSQL,
-	"lockStreams":     lockStreamsSQL,
-	"streamState":     streamStateSQL,
-	"lookup":          lookupSQL,
-	"signedBy":        signedBySQL,
-	"stream":          streamSQL,
-	"readStream":      readStreamSQL,
-	"allocate":        allocateSequenceSQL,
-	"findOutbound":    findOutboundByKeySQL,
-	"messageIDs":      messageIDsSQL,
-	"claim":           claimSQL,
-	"delivered":       markDeliveredSQL,
-	"retry":           markRetrySQL,
-	"dead":            markDeadSQL,
-	"replay":          replaySQL,
-	"status":          outboxMessageSQL,
+	"lockStream":     lockStreamSQL,
+	"decide":         decideSQL,
+	"lockStreams":    lockStreamsSQL,
+	"streamState":    streamStateSQL,
+	"lookup":         lookupSQL,
+	"signedBy":       signedBySQL,
+	"stream":         streamSQL,
+	"readStream":     readStreamSQL,
+	"lockOutbound":   lockOutboundStreamsSQL,
+	"outboundByKey":  outboundByKeySQL,
+	"topicEndpoints": topicEndpointsSQL,
+	"claim":          claimSQL,
+	"outboxAttempts": outboxAttemptsSQL,
+	// Settles, replay and message reads (outbox_delivery.go, outbox.go).
+	"markDelivered": markDeliveredSQL,
+	"markRetry":     markRetrySQL,
+	"markDead":      markDeadSQL,
+	"replay":        replaySQL,
+	"listDead":      listDeadSQL,
+	"messageExists": messageExistsSQL,
+	"outboxMessage": outboxMessageSQL,
+	// Outbound retention (outbox_retention.go, migration 0008).
 	"expiredAttempts": deleteExpiredAttemptsSQL,
 	"expiredBodies":   deleteExpiredBodiesSQL,
 	"backfillBodies":  backfillBodiesSQL,

@@ -34,11 +34,9 @@ package store
 //   - Settles record only the fixed Code* strings (ValidErrorCode).
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"regexp"
 	"sort"
 	"time"
@@ -78,7 +76,7 @@ const (
 	// MaxTopicEndpoints bounds the active endpoints of one (tenant, project,
 	// topic), and so the messages one enqueue writes (contract §8.12).
 	// AddEndpoint and SetEndpointState enforce it; Enqueue holds to it even
-	// past them (activeEndpointsSQL).
+	// past them (topicEndpointsSQL).
 	MaxTopicEndpoints = 64
 )
 
@@ -155,65 +153,13 @@ type EnqueueResult struct {
 	PayloadExpired bool
 }
 
-// allocateSequenceSQL takes the outbound stream lock and the next sequence
-// in one statement; the lock holds until the transaction ends, and a
-// rollback (refusal, repeat, failure) gives the sequence back.
-const allocateSequenceSQL = `
-INSERT INTO outbound_streams (tenant_id, project_id, producer_id, last_sequence) VALUES ($1, $2, $3, 1)
-ON CONFLICT (tenant_id, project_id, producer_id)
-DO UPDATE SET last_sequence = outbound_streams.last_sequence + 1, updated_at = now()
-RETURNING last_sequence`
-
-// findOutboundByKeySQL reads the body new-then-old (migration 0008); NULL
-// when the retention-janitor deleted it.
-const findOutboundByKeySQL = `
-SELECT o.event_identity, o.request_digest,
-       coalesce((SELECT b.envelope FROM outbound_bodies b
-                 WHERE b.tenant_id = o.tenant_id AND b.event_identity = o.event_identity), o.envelope)
-FROM outbound_envelopes o
-WHERE o.tenant_id = $1 AND o.project_id = $2 AND o.idempotency_digest = $3`
-
-const messageIDsSQL = `
-SELECT message_id FROM outbox_messages
-WHERE tenant_id = $1 AND event_identity = $2
-ORDER BY endpoint_id, message_id`
-
-// activeEndpointsSQL is the fan-out: at most $4 (MaxTopicEndpoints) active
-// endpoints, the first by id. The endpoint guard keeps a topic within the
-// bound, so the LIMIT cuts only rows written past it (by hand, a restore, a
-// concurrent add by an envctl older than the guard); then the enqueue still
-// writes at most the bound, and the endpoints past the first by id get
-// nothing, which envctl verify reports (topic_over_endpoint_limit). Refusing
-// the enqueue instead would stop the whole topic over one surplus row.
-const activeEndpointsSQL = `
-SELECT endpoint_id FROM endpoints
-WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active'
-ORDER BY endpoint_id
-LIMIT $4`
-
-// The body goes to outbound_bodies only (migration 0008); the identity row
-// keeps none.
-const insertOutboundSQL = `
-WITH env AS (
-    INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
-                                    idempotency_digest, request_digest)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    RETURNING tenant_id, event_identity
-), body AS (
-    INSERT INTO outbound_bodies (tenant_id, event_identity, envelope)
-    SELECT tenant_id, event_identity, $9 FROM env
-)
-INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
-                             max_attempts, budget, next_attempt_at)
-SELECT env.tenant_id, m.id, $3, $6, m.endpoint, env.event_identity, $10, $10, now()
-FROM env, unnest($11::text[], $12::text[]) AS m(id, endpoint)`
-
-// Enqueue runs POST /v1/outbox in one transaction: take the outbound stream
-// lock and the next sequence; answer a repeat of the idempotency key with the
-// stored envelope and ids (same RequestDigest) or ErrIdempotencyConflict;
-// find the topic's active endpoints (none: ErrNoEndpoint); Build the signed
-// envelope; store it once and one pending message per endpoint. Every answer
-// but a new enqueue rolls back, so it takes no sequence.
+// Enqueue runs POST /v1/outbox alone: EnqueueBatch of one item (see
+// outbox_batch.go), which takes the outbound stream lock and the next
+// sequence; answers a repeat of the idempotency key with the stored envelope
+// and ids (same RequestDigest) or ErrIdempotencyConflict; finds the topic's
+// active endpoints (none: ErrNoEndpoint); Builds the signed envelope; and
+// stores it once with one pending message per endpoint. Only a new enqueue
+// takes a sequence.
 //
 // The stream lock orders enqueues of one producer, so the repeat check sees
 // every earlier commit. The same key from another producer of the project is
@@ -221,105 +167,17 @@ FROM env, unnest($11::text[], $12::text[]) AS m(id, endpoint)`
 // the rerun transaction answers it as a repeat or conflict.
 func (s *Store) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
 	const op = "enqueue"
-	if !validActor(a) || !validIdentity(r.ProjectID, r.ProducerID) || !ValidTopic(r.Topic) ||
-		r.MaxAttempts < MinMaxAttempts || r.MaxAttempts > MaxMaxAttempts || r.Build == nil {
-		return EnqueueResult{}, newErr(op, ErrInvalid)
-	}
-	var res EnqueueResult
-	var err error
-	for attempt := 0; ; attempt++ {
-		err = s.inTx(ctx, func(tx *sql.Tx) error {
-			var txErr error
-			res, txErr = enqueueTx(ctx, tx, a.TenantID, r)
-			return txErr
-		})
-		if err == nil || !retryable(err) || attempt >= s.opts.MaxRetries || ctx.Err() != nil {
-			break
-		}
-	}
-	if errors.Is(err, errRepeat) {
-		return res, nil
-	}
-	if err != nil {
-		return EnqueueResult{}, classify(ctx, op, err)
-	}
-	return res, nil
-}
-
-// errRepeat ends the transaction of a repeated request with a rollback; the
-// answer is already in the result.
-var errRepeat = errors.New("store: repeated enqueue")
-
-func enqueueTx(ctx context.Context, tx *sql.Tx, tenant string, r EnqueueRequest) (EnqueueResult, error) {
-	const op = "enqueue"
-	var seq int64
-	if err := tx.QueryRowContext(ctx, allocateSequenceSQL, tenant, r.ProjectID, r.ProducerID).Scan(&seq); err != nil {
-		return EnqueueResult{}, err
-	}
-
-	var ident, reqDigest, envelope []byte
-	err := tx.QueryRowContext(ctx, findOutboundByKeySQL, tenant, r.ProjectID, r.IdempotencyDigest[:]).
-		Scan(&ident, &reqDigest, &envelope)
-	switch {
-	case err == nil:
-		if !bytes.Equal(reqDigest, r.RequestDigest[:]) {
-			return EnqueueResult{}, newErr(op, ErrIdempotencyConflict)
-		}
-		ids, err := queryStrings(ctx, tx, messageIDsSQL, tenant, ident)
-		if err != nil {
-			return EnqueueResult{}, err
-		}
-		// The caller sees Created=false; returning an error rolls the
-		// sequence back.
-		return EnqueueResult{Envelope: envelope, MessageIDs: ids, PayloadExpired: envelope == nil}, errRepeat
-	case !errors.Is(err, sql.ErrNoRows):
-		return EnqueueResult{}, err
-	}
-
-	endpoints, err := queryStrings(ctx, tx, activeEndpointsSQL, tenant, r.ProjectID, r.Topic, MaxTopicEndpoints)
+	answers, err := s.EnqueueBatch(ctx, []EnqueueItem{{Actor: a, Request: r}})
 	if err != nil {
 		return EnqueueResult{}, err
 	}
-	if len(endpoints) == 0 {
-		return EnqueueResult{}, newErr(op, ErrNoEndpoint)
+	if len(answers) != 1 {
+		return EnqueueResult{}, newErr(op, ErrInternal)
 	}
-
-	canonical, eventIdentity, err := r.Build(seq)
-	if err != nil {
-		return EnqueueResult{}, fmt.Errorf("store: enqueue: build envelope: %w", err)
+	if answers[0].Err != nil {
+		return EnqueueResult{}, answers[0].Err
 	}
-	ev, ok := decodeEventIdentity(eventIdentity)
-	if !ok || len(canonical) == 0 {
-		return EnqueueResult{}, newErr(op+": build returned no envelope or a bad identity", ErrInvalid)
-	}
-	ids := make([]string, len(endpoints))
-	for i := range ids {
-		if ids[i], err = newID("msg_"); err != nil {
-			return EnqueueResult{}, err
-		}
-	}
-	if _, err := tx.ExecContext(ctx, insertOutboundSQL, tenant, ev, r.ProjectID, r.ProducerID, seq, r.Topic,
-		r.IdempotencyDigest[:], r.RequestDigest[:], canonical, r.MaxAttempts, ids, endpoints); err != nil {
-		return EnqueueResult{}, err
-	}
-	return EnqueueResult{Envelope: canonical, MessageIDs: ids, Created: true}, nil
-}
-
-func queryStrings(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
+	return answers[0].Result, nil
 }
 
 // MessageStatus is GET /v1/outbox/{id}. NextAttemptAt is when the message is

@@ -79,7 +79,11 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // message whose lease expired on its last allowed attempt is not attempted
 // again: it goes dead with code timeout (its fate at the receiver is
 // unknown; an operator may replay it), so a message that keeps killing
-// workers cannot run past max_attempts.
+// workers cannot run past max_attempts. Either way the expired attempt is
+// recorded (lease_expired, code timeout, as the dead letter says): it
+// started at the claim that leased it (updated_at is set by the claim and
+// by nothing else until a settle) and lasted its lease. The rows come from
+// due, which reads each message as locked, before this claim's update.
 //
 // The plan is pinned to index lookups whatever the statistics say (a new
 // tenant's rows are often not analyzed yet, and a generic plan does not know
@@ -100,7 +104,8 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 //	$1 tenant  $2 max  $3 lease in microseconds  $4 payload retention in microseconds
 const claimSQL = `
 WITH due AS (
-    SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted` + dueSQL + ` AND m.tenant_id = $1
+    SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted,
+           m.status = 'delivering' AS expired, m.attempts, m.updated_at, m.lease_expires_at` + dueSQL + ` AND m.tenant_id = $1
     ORDER BY m.next_attempt_at, m.message_id
     LIMIT $2
     FOR UPDATE OF m SKIP LOCKED
@@ -140,6 +145,13 @@ WITH due AS (
         updated_at       = now()
     WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
     RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
+), lease_expired AS (
+    INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
+    SELECT $1, d.message_id, d.attempts, d.updated_at,
+           greatest((extract(epoch FROM d.lease_expires_at - d.updated_at) * 1000)::bigint, 0),
+           NULL, '` + CodeTimeout + `', '` + string(AttemptLeaseExpired) + `'
+    FROM due d WHERE d.expired
+    ON CONFLICT DO NOTHING
 )
 SELECT c.message_id, c.endpoint_id, e.url, e.secret_ref,
        coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
@@ -224,42 +236,75 @@ const (
 // settledEnvelope is the envelope of the message a settle's fence matches.
 const settledEnvelope = `SELECT event_identity FROM outbox_messages WHERE ` + fence
 
-const markDeliveredSQL = `
-WITH expiry AS (` + raiseExpiry + `$4` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
-)
-UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), next_attempt_at = NULL,
-    lease_expires_at = NULL, last_error_code = '', updated_at = now()
-WHERE ` + fence
+// settledColumns is what a settle's UPDATE returns for recordAttemptSQL.
+const settledColumns = `message_id, attempts, status, last_error_code`
 
-// markRetrySQL schedules the next attempt, or makes the message dead when
-// the claimed attempt was its last.
-const markRetrySQL = `
-WITH expiry AS (` + raiseExpiry + `$6` + raiseExpiryOf + settledEnvelope + ` AND attempts >= max_attempts` +
-	raiseExpiryEnd + `
-)
-UPDATE outbox_messages SET
-    status           = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
-    next_attempt_at  = CASE WHEN attempts >= max_attempts THEN NULL ELSE $4::timestamptz END,
-    dead_at          = CASE WHEN attempts >= max_attempts THEN now() END,
-    lease_expires_at = NULL, last_error_code = $5, updated_at = now()
-WHERE ` + fence
-
-// markDeadSQL kills the message and, when $5 is set, disables its endpoint
-// in the same statement (a 410 Gone answer).
-const markDeadSQL = `
-WITH expiry AS (` + raiseExpiry + `$6` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
-), m AS (
-    UPDATE outbox_messages SET status = 'dead', dead_at = now(), next_attempt_at = NULL,
-        lease_expires_at = NULL, last_error_code = $4, updated_at = now()
-    WHERE ` + fence + `
-    RETURNING endpoint_id
-), e AS (
-    UPDATE endpoints SET state = 'disabled', disabled_reason = $4, updated_at = now()
+// recordAttemptSQL follows a settle's UPDATE (CTE m, RETURNING
+// settledColumns) in the same statement: the attempt row is written only
+// when the fenced update matched, so a stale settle records nothing and the
+// history costs no round trip. The result is the status the attempt left
+// the message in (a retry on the last attempt is dead); the code is the one
+// the settle stored. $4 started_at, $5 duration in ms, $6 HTTP status (NULL:
+// no answer). A caller that did not time the attempt passes NULL for $4 and
+// $5 and gets what the database knows: the claim's time (updated_at, read
+// from the statement's snapshot, i.e. as claimed; claimed_at is only
+// evaluated then) and the time since. A row already there (attempts reset
+// by hand) is kept: the history never stops a settle. (No conflict target:
+// naming one needs SELECT on the history, which the worker does not have;
+// the primary key is the table's only unique index.)
+const recordAttemptSQL = `
+), claimed_at AS (
+    SELECT updated_at AS t FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2
+), attempt AS (
+    INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
+    SELECT $1, m.message_id, m.attempts,
+           coalesce($4::timestamptz, (SELECT t FROM claimed_at)),
+           coalesce($5::bigint, greatest((extract(epoch FROM now() - (SELECT t FROM claimed_at)) * 1000)::bigint, 0)),
+           $6::smallint, nullif(m.last_error_code, ''),
+           CASE m.status WHEN 'pending' THEN '` + string(AttemptRetry) + `' ELSE m.status END
     FROM m
-    WHERE $5::boolean AND endpoints.tenant_id = $1 AND endpoints.endpoint_id = m.endpoint_id
-      AND endpoints.state = 'active'
+    ON CONFLICT DO NOTHING
 )
 SELECT count(*) FROM m`
+
+// markDeliveredSQL: $7 payload retention in microseconds (raiseExpiry).
+const markDeliveredSQL = `
+WITH expiry AS (` + raiseExpiry + `$7` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
+), m AS (
+    UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), next_attempt_at = NULL,
+        lease_expires_at = NULL, last_error_code = '', updated_at = now()
+    WHERE ` + fence + `
+    RETURNING ` + settledColumns + recordAttemptSQL
+
+// markRetrySQL schedules the next attempt ($7), or makes the message dead
+// when the claimed attempt was its last; $9 payload retention.
+const markRetrySQL = `
+WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + ` AND attempts >= max_attempts` +
+	raiseExpiryEnd + `
+), m AS (
+    UPDATE outbox_messages SET
+        status           = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+        next_attempt_at  = CASE WHEN attempts >= max_attempts THEN NULL ELSE $7::timestamptz END,
+        dead_at          = CASE WHEN attempts >= max_attempts THEN now() END,
+        lease_expires_at = NULL, last_error_code = $8, updated_at = now()
+    WHERE ` + fence + `
+    RETURNING ` + settledColumns + recordAttemptSQL
+
+// markDeadSQL kills the message with code $7 and, when $8 is set, disables
+// its endpoint in the same statement (a 410 Gone answer); $9 payload
+// retention.
+const markDeadSQL = `
+WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
+), m AS (
+    UPDATE outbox_messages SET status = 'dead', dead_at = now(), next_attempt_at = NULL,
+        lease_expires_at = NULL, last_error_code = $7, updated_at = now()
+    WHERE ` + fence + `
+    RETURNING endpoint_id, ` + settledColumns + `
+), e AS (
+    UPDATE endpoints SET state = 'disabled', disabled_reason = $7, updated_at = now()
+    FROM m
+    WHERE $8::boolean AND endpoints.tenant_id = $1 AND endpoints.endpoint_id = m.endpoint_id
+      AND endpoints.state = 'active'` + recordAttemptSQL
 
 const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2)`
 
@@ -283,26 +328,25 @@ func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) err
 	return newErr(op, ErrFenced)
 }
 
+// execSettle runs one settle statement (args after $3 as the statement
+// needs them) and maps "nothing matched" to ErrFenced or ErrNotFound.
 func (s *Store) execSettle(ctx context.Context, op, tenant, id, query string, args ...any) error {
-	res, err := s.sqlDB().ExecContext(ctx, query, args...)
-	if err != nil {
-		return classify(ctx, op, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
+	var n int64
+	if err := s.sqlDB().QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
 		return classify(ctx, op, err)
 	}
 	return s.settled(ctx, op, tenant, id, n)
 }
 
 // MarkDelivered settles a 2xx answer for the claimed attempt. ErrFenced when
-// the attempt no longer owns the message; ErrNotFound for an unknown id.
+// the attempt no longer owns the message; ErrNotFound for an unknown id. The
+// attempt is recorded with the database's timing (see Settlement).
 func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt int) error {
 	const op = "mark delivered"
 	if !validSettle(tenant, id, attempt) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt, s.retentionMicros())
+	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt, nil, nil, nil, s.retentionMicros())
 }
 
 // MarkRetry records a retryable failure (code: one of the Code* constants)
@@ -313,7 +357,7 @@ func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, n
 	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, next, code, s.retentionMicros())
+	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, nil, nil, nil, next, code, s.retentionMicros())
 }
 
 // MarkDead makes the message dead at once with code. With disableEndpoint
@@ -324,12 +368,8 @@ func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, co
 	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	var n int64
-	if err := s.sqlDB().QueryRowContext(ctx, markDeadSQL, tenant, id, attempt, code, disableEndpoint,
-		s.retentionMicros()).Scan(&n); err != nil {
-		return classify(ctx, op, err)
-	}
-	return s.settled(ctx, op, tenant, id, n)
+	return s.execSettle(ctx, op, tenant, id, markDeadSQL, tenant, id, attempt, nil, nil, nil, code, disableEndpoint,
+		s.retentionMicros())
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.
@@ -363,10 +403,14 @@ type DeadLetter struct {
 }
 
 // listDeadSQL pages by (dead_at, message_id), the order of the partial index.
+// dead_at IS NOT NULL (the same rows as status = 'dead', by a CHECK) is the
+// index's predicate, which a replay's status = 'dead' does not imply: on a
+// never-analyzed table a partial index looks empty, and a replay took it
+// over the primary key (migration 0009).
 const listDeadSQL = `
 SELECT message_id, endpoint_id, topic, last_error_code, attempts, created_at, dead_at
 FROM outbox_messages
-WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead'
+WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead' AND dead_at IS NOT NULL
   AND ($3::timestamptz IS NULL OR (dead_at, message_id) > ($3::timestamptz, $4::text))
 ORDER BY dead_at, message_id
 LIMIT $5`
@@ -518,7 +562,10 @@ const (
 	SettleDead      SettleOutcome = "dead"      // as MarkDead: Code and DisableEndpoint
 )
 
-// Settlement is one settle of SettleBatch.
+// Settlement is one settle of SettleBatch. StartedAt, Duration and
+// HTTPStatus go to the attempt's history row (contract §8.8); a zero
+// StartedAt records the claim's time and the time since it instead, as the
+// Mark* calls do.
 type Settlement struct {
 	MessageID       string
 	Attempt         int
@@ -526,13 +573,29 @@ type Settlement struct {
 	Next            time.Time // retry only
 	Code            string    // retry and dead
 	DisableEndpoint bool      // dead only
+	StartedAt       time.Time // when the request began
+	Duration        time.Duration
+	HTTPStatus      int // 0: no answer (timeout, connection failure, never sent)
+}
+
+// attemptArgs are $4..$6 of a settle statement (recordAttemptSQL).
+func (st Settlement) attemptArgs() []any {
+	var status any
+	if st.HTTPStatus != 0 {
+		status = st.HTTPStatus
+	}
+	if st.StartedAt.IsZero() {
+		return []any{nil, nil, status}
+	}
+	return []any{st.StartedAt, st.Duration.Milliseconds(), status}
 }
 
 // MaxSettleBatch bounds one SettleBatch.
 const MaxSettleBatch = 1000
 
 func (st Settlement) valid() bool {
-	if !messageIDRE.MatchString(st.MessageID) || st.Attempt < 1 {
+	if !messageIDRE.MatchString(st.MessageID) || st.Attempt < 1 || st.Duration < 0 ||
+		(st.HTTPStatus != 0 && (st.HTTPStatus < 100 || st.HTTPStatus > 599)) {
 		return false
 	}
 	switch st.Outcome {
@@ -548,8 +611,9 @@ func (st Settlement) valid() bool {
 
 // SettleBatch applies several settles of one tenant in one round trip and
 // one commit: each exactly as the single Mark* call, fenced on its own
-// attempt. The durable commit is what a settle costs on most disks, so a
-// worker that gathers the answers finishing at about the same time settles
+// attempt, and each recording its attempt row with the settlement's timing
+// and status (in the same statement as its update). The durable commit is what a
+// settle costs on most disks, so a worker that gathers the answers finishing at about the same time settles
 // many per commit. The result has one entry per settlement, in order: nil,
 // ErrFenced or ErrNotFound. The error is for the batch as a whole
 // (ErrInvalid for any malformed settlement, before any database work; or a
@@ -570,33 +634,26 @@ func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement)
 	b := &pgx.Batch{}
 	retention := s.retentionMicros()
 	for _, st := range ss {
+		args := append([]any{tenant, st.MessageID, st.Attempt}, st.attemptArgs()...)
 		switch st.Outcome {
 		case SettleDelivered:
-			b.Queue(markDeliveredSQL, tenant, st.MessageID, st.Attempt, retention)
+			b.Queue(markDeliveredSQL, append(args, retention)...)
 		case SettleRetry:
-			b.Queue(markRetrySQL, tenant, st.MessageID, st.Attempt, st.Next, st.Code, retention)
+			b.Queue(markRetrySQL, append(args, st.Next, st.Code, retention)...)
 		case SettleDead:
-			b.Queue(markDeadSQL, tenant, st.MessageID, st.Attempt, st.Code, st.DisableEndpoint, retention)
+			b.Queue(markDeadSQL, append(args, st.Code, st.DisableEndpoint, retention)...)
 		}
 	}
 	applied := make([]bool, len(ss))
 	err := s.withPgx(ctx, func(c *pgx.Conn) error {
 		br := c.SendBatch(ctx, b)
 		err := func() error {
-			for i, st := range ss {
-				if st.Outcome == SettleDead {
-					var n int64
-					if err := br.QueryRow().Scan(&n); err != nil {
-						return err
-					}
-					applied[i] = n > 0
-					continue
-				}
-				tag, err := br.Exec()
-				if err != nil {
+			for i := range ss {
+				var n int64
+				if err := br.QueryRow().Scan(&n); err != nil {
 					return err
 				}
-				applied[i] = tag.RowsAffected() > 0
+				applied[i] = n > 0
 			}
 			return nil
 		}()

@@ -218,6 +218,19 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 	if expiries != 1 {
 		t.Fatalf("lease_expiries %d, want 1", expiries)
 	}
+	// The history (contract §8.8), written by the delivery role: the killed
+	// attempt as lease_expired, lasting the lease, then the delivery.
+	as, err := st.OutboxAttempts(ctx, "t1", id)
+	if err != nil || len(as) != 2 {
+		t.Fatalf("attempts %+v, %v", as, err)
+	}
+	if a := as[0]; a.Attempt != 1 || a.Result != store.AttemptLeaseExpired || a.Duration != lease || a.HTTPStatus != 0 ||
+		a.ErrorCode != store.CodeTimeout || !a.StartedAt.Equal(leaseEnd.Add(-lease)) {
+		t.Errorf("killed attempt recorded as %+v; want lease_expired from %v for %v", a, leaseEnd.Add(-lease), lease)
+	}
+	if a := as[1]; a.Attempt != 2 || a.Result != store.AttemptDelivered || a.HTTPStatus != http.StatusNoContent || a.ErrorCode != "" {
+		t.Errorf("delivery recorded as %+v", a)
+	}
 	hits := sink.hits()
 	if len(hits) != 2 {
 		t.Fatalf("sink saw %d requests, want 2", len(hits))

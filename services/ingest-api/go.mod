@@ -6,7 +6,9 @@ require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.7.6
 	github.com/labstack/echo/v4 v4.13.4
 	github.com/prometheus/client_golang v1.23.2
 	go.uber.org/goleak v1.3.0
@@ -18,7 +20,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.7.6 // indirect
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/labstack/gommon v0.4.2 // indirect
@@ -50,5 +51,6 @@ replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../../modules/envelope
 	github.com/envelopeworker/envelopeworker/modules/limiter => ../../modules/limiter
+	github.com/envelopeworker/envelopeworker/modules/producer => ../../modules/producer
 	github.com/envelopeworker/envelopeworker/modules/store => ../../modules/store
 )

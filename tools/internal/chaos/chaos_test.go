@@ -72,7 +72,7 @@ func TestChaos(t *testing.T) {
 		t.Run(sc.Name, func(t *testing.T) {
 			rep, err := RunScenario(ctx, Config{
 				Bins: bins, Cluster: cluster, WorkDir: work, Duration: d,
-				Rate: 150, OutboxRate: 25, IngestReplicas: 2, WorkerReplicas: 3, Logf: t.Logf,
+				Rate: 150, OutboxRate: 80, OutboxClients: 8, IngestReplicas: 2, WorkerReplicas: 3, Logf: t.Logf,
 			}, sc)
 			t.Log(rep.String())
 			if err != nil {
@@ -245,6 +245,9 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `UPDATE outbox_messages SET attempts = 0 WHERE message_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.ExecContext(ctx, `UPDATE outbound_streams SET last_sequence = last_sequence + 1 WHERE tenant_id = $1`, tenant); err != nil {
+		t.Fatal(err) // a sequence no envelope holds
+	}
 	ledger.Bad5xx = append(ledger.Bad5xx, `ingest 503 "{\"outcome\":\"accepted\"}"`)
 	late := time.Now().Add(time.Second)
 	receipts[id] = append(receipts[id], Receipt{MessageID: id, Arrived: late, Finished: late, Answer: "500"})
@@ -271,8 +274,9 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		"enqueued_message_missing",         // an id a client got that the database lacks
 		"settled_by_stale_attempt",         // a request after the settlement, and a last answer not 2xx
 		"unknown_delivery", "bad_delivery", // a request for no message, refused by the verifier
-		"bad_5xx_answer", // a 5xx that said accepted
-		"accepted_twice", // a resend answered accepted
+		"bad_5xx_answer",        // a 5xx that said accepted
+		"accepted_twice",        // a resend answered accepted
+		"outbound_sequence_gap", // a stream past its envelopes
 	} {
 		if got[want] == 0 {
 			t.Errorf("checker missed %s; found %v", want, got)

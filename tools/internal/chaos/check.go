@@ -75,6 +75,8 @@ type dbMessage struct {
 //     answer either committed all of an envelope or none of it);
 //   - no valid request was refused (contract §7.15: a failing dependency answers 503, never a 4xx), and
 //     every 5xx said refused/unavailable, never accepted;
+//   - every outbound stream holds exactly the sequences 1..last_sequence (none skipped by a refusal,
+//     a repeat or a group that did not commit);
 //   - every enqueued message exists and is delivered or dead (none lost), a repeated enqueue got the
 //     original ids and envelope, and every message in the database belongs to a request a client sent;
 //   - the sink saw every delivered message at least once with a 2xx answer and a valid signature, and
@@ -119,6 +121,20 @@ func Check(ctx context.Context, db *sql.DB, tenant string, ledger *Ledger, recei
 	msgs, err := loadMessages(ctx, tx, tenant)
 	if err != nil {
 		return CheckResult{}, err
+	}
+	// Group commit hands out an outbound stream's sequences (contract §8.6): a refusal, a repeat or a
+	// rolled-back group takes none, so every stream holds exactly 1..last_sequence.
+	var gaps int
+	if err := tx.QueryRowContext(ctx, `
+SELECT count(*) FROM outbound_streams s
+WHERE s.tenant_id = $1 AND s.last_sequence <> (
+    SELECT count(*) FROM outbound_envelopes e
+    WHERE e.tenant_id = s.tenant_id AND e.project_id = s.project_id AND e.producer_id = s.producer_id
+      AND e.sequence BETWEEN 1 AND s.last_sequence)`, tenant).Scan(&gaps); err != nil {
+		return CheckResult{}, fmt.Errorf("outbound sequences: %w", err)
+	}
+	if gaps > 0 {
+		c.fail("outbound_sequence_gap", "%d outbound streams do not hold exactly sequences 1..last_sequence", gaps)
 	}
 	if err := tx.Commit(); err != nil {
 		return CheckResult{}, fmt.Errorf("commit: %w", err)

@@ -120,8 +120,14 @@ type loadConfig struct {
 	Topic           string
 	URLs            func() []string // ingest replicas
 	Rate            float64         // envelopes per second over all producers
-	OutboxRate      float64         // outbox requests per second
+	OutboxRate      float64         // outbox messages per second over all outbox clients
+	// OutboxClients share the one service credential (one outbound stream: one busy producer,
+	// contract §8.6); every fourth sends batches of outboxBatch on POST /v1/outbox/batch. 0 is 1.
+	OutboxClients int
 }
+
+// outboxBatch is the size of a batch client's requests.
+const outboxBatch = 5
 
 // ProducerCred is one device and its signing key.
 type ProducerCred struct {
@@ -160,7 +166,14 @@ func (l *load) run(stop, drain context.Context) {
 		wg.Go(func() { l.produce(stop, drain, p, per, batch) })
 	}
 	if l.cfg.OutboxRate > 0 {
-		wg.Go(func() { l.enqueue(stop, drain) })
+		clients := max(l.cfg.OutboxClients, 1)
+		for c := range clients {
+			if c%4 == 3 {
+				wg.Go(func() { l.enqueueBatches(stop, drain, c, l.cfg.OutboxRate/float64(clients)) })
+			} else {
+				wg.Go(func() { l.enqueue(stop, drain, c, l.cfg.OutboxRate/float64(clients)) })
+			}
+		}
 	}
 	wg.Wait()
 	l.client.CloseIdleConnections()
@@ -329,14 +342,19 @@ type outboxAnswer struct {
 	Reason     string          `json:"reason"`
 }
 
-// enqueue posts outbox requests, each retried with the same body until it gets an answer.
-func (l *load) enqueue(stop, drain context.Context) {
-	every := time.Duration(float64(time.Second) / l.cfg.OutboxRate)
+func (l *load) outboxBody(key string, n int) []byte {
+	return fmt.Appendf(nil, `{"project_id":%q,"topic":%q,"idempotency_key":%q,"kind":"chaos.tick","payload":{"n":%d},"max_attempts":50}`,
+		l.cfg.Project, l.cfg.Topic, key, n)
+}
+
+// enqueue is one outbox client: requests one at a time at rate messages/s, each retried with the same
+// body until it gets an answer.
+func (l *load) enqueue(stop, drain context.Context, client int, rate float64) {
+	every := time.Duration(float64(time.Second) / rate)
 	next := time.Now()
 	for n := 1; stop.Err() == nil; n++ {
-		o := &SentOutbox{Key: fmt.Sprintf("ob-%d", n)}
-		body := fmt.Appendf(nil, `{"project_id":%q,"topic":%q,"idempotency_key":%q,"kind":"chaos.tick","payload":{"n":%d},"max_attempts":50}`,
-			l.cfg.Project, l.cfg.Topic, o.Key, n)
+		o := &SentOutbox{Key: fmt.Sprintf("ob-%d-%d", client, n)}
+		body := l.outboxBody(o.Key, n)
 		l.ledger.mu.Lock()
 		l.ledger.Outbox = append(l.ledger.Outbox, o)
 		l.ledger.mu.Unlock()
@@ -347,6 +365,96 @@ func (l *load) enqueue(stop, drain context.Context) {
 		if !pace(stop, &next, every) {
 			break
 		}
+	}
+}
+
+// enqueueBatches is one outbox client on the batch route: outboxBatch messages a request, at rate
+// messages/s, each request retried with the same body until every item has an answer.
+func (l *load) enqueueBatches(stop, drain context.Context, client int, rate float64) {
+	every := time.Duration(float64(time.Second) * outboxBatch / rate)
+	next := time.Now()
+	for n := 1; stop.Err() == nil; n++ {
+		sent := make([]*SentOutbox, outboxBatch)
+		bodies := make([][]byte, outboxBatch)
+		for i := range sent {
+			sent[i] = &SentOutbox{Key: fmt.Sprintf("ob-%d-%d-%d", client, n, i)}
+			bodies[i] = l.outboxBody(sent[i].Key, n)
+		}
+		l.ledger.mu.Lock()
+		l.ledger.Outbox = append(l.ledger.Outbox, sent...)
+		l.ledger.mu.Unlock()
+		body := append(append([]byte(`{"messages":[`), bytes.Join(bodies, []byte(","))...), ']', '}')
+		l.postOutboxBatch(drain, sent, body)
+		if !pace(stop, &next, every) {
+			break
+		}
+	}
+}
+
+func (l *load) postOutboxBatch(ctx context.Context, sent []*SentOutbox, body []byte) {
+	for try := 0; ctx.Err() == nil; try++ {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ans, err := producer.Post(rctx, l.client, l.url("/v1/outbox/batch"), l.cfg.Service, body, nil)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		l.ledger.count("outbox-batch", ans.Status, err)
+		if err == nil && ans.Status >= 500 {
+			l.ledger.check5xx("outbox-batch", ans.Status, ans.Body)
+		}
+		var a struct {
+			Results []struct {
+				outboxAnswer
+				Status int `json:"status"`
+			} `json:"results"`
+		}
+		if err == nil && ans.Status == http.StatusOK {
+			_ = json.Unmarshal(ans.Body, &a)
+		}
+		retry := err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests
+		if !retry && ans.Status == http.StatusOK && len(a.Results) != len(sent) {
+			retry = true
+		}
+		for _, r := range a.Results {
+			if r.Status >= 500 || r.Status == http.StatusTooManyRequests {
+				retry = true
+			}
+		}
+		l.ledger.mu.Lock()
+		if retry {
+			for _, o := range sent {
+				o.Failures++
+			}
+			l.ledger.mu.Unlock()
+			if !backoff(ctx, try) {
+				return
+			}
+			continue
+		}
+		defer l.ledger.mu.Unlock()
+		if ans.Status != http.StatusOK {
+			var ref outboxAnswer
+			_ = json.Unmarshal(ans.Body, &ref)
+			for _, o := range sent {
+				o.Refusal = strconv.Itoa(ans.Status) + ":" + ref.Reason
+			}
+			return
+		}
+		for i, r := range a.Results {
+			o := sent[i]
+			if r.Status != http.StatusOK && r.Status != http.StatusCreated {
+				o.Refusal = strconv.Itoa(r.Status) + ":" + r.Reason
+				continue
+			}
+			if o.Answers == 0 {
+				o.MessageIDs, o.Envelope = r.MessageIDs, r.Envelope
+			} else if !equalStrings(o.MessageIDs, r.MessageIDs) || !bytes.Equal(o.Envelope, r.Envelope) {
+				o.Mismatch = true
+			}
+			o.Answers++
+		}
+		return
 	}
 }
 

@@ -64,7 +64,8 @@ type Config struct {
 	WorkDir        string        // for secrets files; removed by the caller
 	Duration       time.Duration // fault phase of the scenario
 	Rate           float64       // envelopes per second
-	OutboxRate     float64       // outbox requests per second
+	OutboxRate     float64       // outbox messages per second
+	OutboxClients  int           // concurrent outbox clients of the one service credential (0: 1)
 	IngestReplicas int
 	WorkerReplicas int
 	Logf           func(format string, args ...any)
@@ -333,7 +334,8 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) (rep Report, err 
 
 	ledger := newLedger()
 	ld := newLoad(loadConfig{Tenant: tenant, Project: project, Producers: su.producers, Service: su.service,
-		Topic: topic, URLs: func() []string { return urls }, Rate: cfg.Rate, OutboxRate: cfg.OutboxRate}, ledger)
+		Topic: topic, URLs: func() []string { return urls }, Rate: cfg.Rate, OutboxRate: cfg.OutboxRate,
+		OutboxClients: cfg.OutboxClients}, ledger)
 	stop, cancelStop := context.WithTimeout(ctx, cfg.Duration)
 	defer cancelStop()
 	drain, cancelDrain := context.WithTimeout(ctx, cfg.Duration+90*time.Second)

@@ -23,6 +23,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(producerChildEnv) != "" {
+		os.Exit(runProducerChild())
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -404,6 +404,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	keep(call(t, http.MethodGet, api+"/v1/dead-letters?project_id=proj-1", ops, nil))
 	for _, id := range msgIDs {
 		keep(call(t, http.MethodGet, api+"/v1/outbox/"+id, svc, nil))
+		keep(call(t, http.MethodGet, api+"/v1/outbox/"+id+"/attempts", ops, nil))
 	}
 	var failID string
 	if err := st.DB().DB.QueryRowContext(ctx, `SELECT message_id FROM outbox_messages WHERE topic = 't.fail'`).Scan(&failID); err != nil {
@@ -418,6 +419,8 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	for _, args := range [][]string{
 		{"dlq", "list", "--tenant", tenant, "--project", "proj-1"},
 		{"audit", "list", "--tenant", tenant, "--limit", "1000"},
+		{"outbox", "attempts", "--tenant", tenant, "--id", failID},
+		{"outbox", "show", "--tenant", tenant, "--id", failID},
 	} {
 		r := envctlRun(t, dsn, args...)
 		if r.code != 0 {
@@ -453,7 +456,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	}
 	var db strings.Builder
 	for _, table := range []string{"credentials", "producer_keys", "streams", "event_identities", "audit_events",
-		"outbound_streams", "outbox_messages", "schema_migrations"} {
+		"outbound_streams", "outbox_messages", "outbox_attempts", "schema_migrations"} {
 		db.WriteString(dump(`SELECT to_jsonb(x)::text FROM ` + table + ` x`))
 	}
 	db.WriteString(dump(`SELECT (to_jsonb(x) - 'url')::text FROM endpoints x`))
@@ -489,12 +492,12 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	}
 	never = append(never, sigs...)
 	haystacks := map[string]string{
-		"ingest-api and delivery-worker logs":                 logs,
-		"ingest-api /metrics":                                 ingestM,
-		"delivery-worker /metrics":                            workerM,
-		"answers (refusals, statuses, dead letters, replays)": answers.String(),
-		"envctl dlq list and audit list":                      cli.String(),
-		"database rows":                                       db.String(),
+		"ingest-api and delivery-worker logs":                   logs,
+		"ingest-api /metrics":                                   ingestM,
+		"delivery-worker /metrics":                              workerM,
+		"answers (refusals, statuses, dead letters, replays)":   answers.String(),
+		"envctl dlq list, audit list, outbox attempts and show": cli.String(),
+		"database rows":                                         db.String(),
 	}
 	checked := 0
 	for where, text := range haystacks {
@@ -525,6 +528,9 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 		"worker metrics": {workerM, `code="blocked_address"`},
 		"ingest metrics": {ingestM, `reason="idempotency_conflict"`},
 		"answers":        {answers.String(), `"last_error_code":"http_5xx"`},
+		"attempts":       {answers.String(), `"http_status":500,"error_code":"http_5xx","result":"retry"`},
+		"worker lines":   {logs, `"msg":"attempt settled"`},
+		"attempt rows":   {db.String(), `"http_status": 410`},
 		"envctl":         {cli.String(), `"error_code":"no_secret"`},
 	} {
 		if !strings.Contains(want[0], want[1]) {

@@ -20,6 +20,8 @@
 //	envctl endpoint show --tenant T --id E                               (+)
 //	envctl dlq list --tenant T --project P [--limit N] [--after CURSOR]
 //	envctl dlq replay --tenant T --id M [--account A]                    (+ --account)
+//	envctl outbox show --tenant T --id M                                 (+)
+//	envctl outbox attempts --tenant T --id M                             (§8.8)
 //	envctl verify                                                        (+)
 //	envctl outbox backfill-bodies [--batch N] [--pause D] [--retention D] (+, migration 0008's backfill)
 //
@@ -66,7 +68,12 @@
 // to stderr, to pass back as --after. `dlq replay` prints the status object of GET /v1/outbox/{id}
 // (last_error_code, next_attempt_at and delivered_at are null when unset) and audits the replay with
 // outcome "replayed", a correlation id "envctl-<hex>" (printed on stderr) and --account as account_id;
-// replaying a message that is not dead is exit 1 and names its status.
+// replaying a message that is not dead is exit 1 and names its status. `outbox show` prints the same
+// status object for any message; `outbox attempts` prints its latest 100 delivery attempts, oldest
+// first, one line each, with the members of GET /v1/outbox/{id}/attempts entries (attempt, started_at,
+// duration_ms, http_status or null, error_code or null, result: delivered, retry, dead or
+// lease_expired); a message never attempted prints nothing on stdout and says so on stderr. Both
+// need only the operator role; an unknown id, or another tenant's, is exit 1.
 //
 // `verify` checks, in one read-only snapshot, the cross-table invariants a restore must keep (see
 // verify.go and `envctl verify -h`), prints "<invariant> <violating rows>" for each, and exits 1 when

@@ -80,7 +80,9 @@ func commands() []*command {
 			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList},
 			{name: "replay", summary: "put a dead letter back to pending with a fresh attempt budget", run: runDLQReplay},
 		}},
-		{name: "outbox", summary: "outbound envelope bodies", subs: []*command{
+		{name: "outbox", summary: "inspect outbox messages and their delivery attempts; move old outbound bodies", subs: []*command{
+			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow},
+			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts},
 			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies},
 		}},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify},

@@ -271,6 +271,8 @@ type statusLine struct {
 	LastErrorCode *string `json:"last_error_code"`
 	NextAttemptAt *string `json:"next_attempt_at"`
 	DeliveredAt   *string `json:"delivered_at"`
+	// Only once the envelope's body expired, as the API says it (§8.9).
+	PayloadExpired bool `json:"payload_expired,omitempty"`
 }
 
 func newStatusLine(m store.MessageStatus) statusLine {
@@ -278,6 +280,7 @@ func newStatusLine(m store.MessageStatus) statusLine {
 		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
 		Attempts: m.Attempts, LastErrorCode: orNull(m.LastErrorCode),
 		NextAttemptAt: formatTimePtr(m.NextAttemptAt), DeliveredAt: formatTimePtr(m.DeliveredAt),
+		PayloadExpired: m.PayloadExpired,
 	}
 }
 
@@ -340,6 +343,94 @@ func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
 		return code
 	}
 	fmt.Fprintf(c.Stderr, "replayed message %s; audit correlation id %s\n", m.MessageID, corr)
+	return ExitOK
+}
+
+// messageFlags parses --tenant T --id M of the outbox commands.
+func messageFlags(c *cli, path string, args []string) (d *dbFlags, tenant, id string, done bool, code int) {
+	fs := c.flagSet(path, "--tenant T --id M")
+	fs.String("tenant", "", "tenant id (required)")
+	msg := fs.String("id", "", "message id, as POST /v1/outbox answered it or dlq list prints it (required)")
+	d = c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return nil, "", "", true, code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return nil, "", "", true, c.usageError(path, "%v", err)
+	}
+	if *msg == "" {
+		return nil, "", "", true, c.usageError(path, "--id is required")
+	}
+	if len(*msg) > maxObjectID {
+		return nil, "", "", true, c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
+	}
+	return d, fs.Lookup("tenant").Value.String(), *msg, false, ExitOK
+}
+
+func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
+	d, tenant, id, done, code := messageFlags(c, path, args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	m, err := s.OutboxMessage(cctx, tenant, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return c.failure(path, "no message %q in tenant %s", id, tenant)
+		}
+		return c.storeFailure(path, err)
+	}
+	return c.printJSON(path, newStatusLine(m))
+}
+
+// attemptLine is one line of `outbox attempts`: an entry of GET /v1/outbox/{id}/attempts (contract
+// §8.8).
+type attemptLine struct {
+	Attempt    int     `json:"attempt"`
+	StartedAt  string  `json:"started_at"`
+	DurationMS int64   `json:"duration_ms"`
+	HTTPStatus *int    `json:"http_status"`
+	ErrorCode  *string `json:"error_code"`
+	Result     string  `json:"result"`
+}
+
+func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) int {
+	d, tenant, id, done, code := messageFlags(c, path, args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	as, err := s.OutboxAttempts(cctx, tenant, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return c.failure(path, "no message %q in tenant %s", id, tenant)
+		}
+		return c.storeFailure(path, err)
+	}
+	enc := json.NewEncoder(c.Stdout)
+	for _, a := range as {
+		line := attemptLine{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+			ErrorCode: orNull(a.ErrorCode), Result: string(a.Result)}
+		if a.HTTPStatus != 0 {
+			status := a.HTTPStatus
+			line.HTTPStatus = &status
+		}
+		if err := enc.Encode(line); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+	}
+	if len(as) == 0 {
+		// stdout stays empty (no attempt, no line); say why on stderr.
+		fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
+	}
 	return ExitOK
 }
 

@@ -20,7 +20,7 @@ import (
 const maxDraftFile = 1 << 20
 
 func runSend(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--url URL (--token-file F | --token T) --seed-file F --file DRAFT.json [--batch]")
+	fs := c.flagSet(path, "--url URL (--token-file F | --token T) --seed-file F --file DRAFT.json [--batch] [--state-file F]")
 	base := fs.String("url", "http://127.0.0.1:8080", "ingest-api base URL; plain http only to loopback hosts")
 	tokenFile := fs.String("token-file", "", "file holding the bearer token (preferred: a --token shows in the process list)")
 	token := fs.String("token", "", "the bearer token itself")
@@ -29,6 +29,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	batch := fs.Bool("batch", false, "the file holds {\"envelopes\":[drafts...]} or [drafts...]; POST them to /v1/envelopes/batch")
 	idemHeader := fs.String("idempotency-header", "", "send this Idempotency-Key header (single route; \"=\" sends the draft's own key)")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up on the request after this long")
+	stateFile := fs.String("state-file", "", "send as a device does, through the producer module: drafts leave out \"sequence\", which this file assigns and keeps with every unanswered envelope (re-sent first); prints one result a line")
 	if done, code := c.parse(fs, path, args); done {
 		return code
 	}
@@ -63,6 +64,9 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	if *batch && *idemHeader != "" {
 		return c.usageError(path, "--idempotency-header applies to the single route only")
 	}
+	if *stateFile != "" && *idemHeader != "" {
+		return c.usageError(path, "--idempotency-header does not apply with --state-file")
+	}
 	if *timeout <= 0 {
 		return c.usageError(path, "--timeout must be positive")
 	}
@@ -71,13 +75,17 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 		return c.usageError(path, "%v", err)
 	}
 
+	if *stateFile != "" {
+		return c.sendThroughProducer(ctx, path, u.String(), *token, priv, data, *batch, *stateFile, *timeout)
+	}
+
 	var body []byte
 	route := "/v1/envelopes"
 	header := http.Header{}
 	now := c.Now()
 	if *batch {
 		route = "/v1/envelopes/batch"
-		drafts, err := producer.ParseDraftBatch(data, now)
+		drafts, err := producer.ParseDraftBatch(data, now, true)
 		if err != nil {
 			return c.usageError(path, "%s: %v", *file, err)
 		}
@@ -85,7 +93,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 			return c.usageError(path, "%s: %v", *file, err)
 		}
 	} else {
-		d, err := producer.ParseDraft(data, now)
+		d, err := producer.ParseDraft(data, now, true)
 		if err != nil {
 			return c.usageError(path, "%s: %v", *file, err)
 		}

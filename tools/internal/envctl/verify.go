@@ -139,6 +139,17 @@ WHERE (status = 'delivered' AND last_error_code <> '')
 			args: []any{store.ErrorCodes()},
 		},
 		{
+			// Each attempt row is written by the settle or claim that ends that attempt, so its number
+			// is one the message's counter has reached (contract §8.8). A restore of the history from
+			// another backup than the messages, or a counter reset by hand, shows here.
+			name: "attempt_without_message",
+			why:  "an attempt history row whose message is missing or whose attempt counter never reached it",
+			query: `
+SELECT count(*) FROM outbox_attempts a
+WHERE NOT EXISTS (SELECT FROM outbox_messages m
+                  WHERE m.tenant_id = a.tenant_id AND m.message_id = a.message_id AND m.attempts >= a.attempt)`,
+		},
+		{
 			// Migration 0005's trigger gives each ref to one tenant as endpoints are written; a restore
 			// without triggers or a hand edit skips it, and a ref several tenants shared before 0005 has
 			// no owner at all.

@@ -246,7 +246,17 @@ func TestVerifyBroken(t *testing.T) {
 			// ones cannot tell.
 			name:  "attempts reset",
 			stmts: func(populated) []string { return []string{`UPDATE outbox_messages SET attempts = 0`} },
-			want:  map[string]int64{"attempts_inconsistent": 4},
+			// and every recorded attempt is now past its message's counter.
+			want: map[string]int64{"attempts_inconsistent": 4, "attempt_without_message": 5},
+		},
+		{
+			// The history restored from a later backup than the messages.
+			name: "attempt history ahead of its message",
+			stmts: func(p populated) []string {
+				return []string{`INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, result)
+					 VALUES ('t1', '` + p.delivered + `', 9, now(), 1, 'retry'), ('t1', 'msg_000000000000000000000000', 1, now(), 1, 'retry')`}
+			},
+			want: map[string]int64{"attempt_without_message": 2},
 		},
 		{
 			name: "budget rewritten",

@@ -46,6 +46,15 @@ type Config struct {
 	Messages     int           // backlog size
 	PayloadBytes int           // body padding
 	Timeout      time.Duration // bound on the worker drain
+	// WorkerLogLevel is LOG_LEVEL of each worker: "warn" keeps the drain
+	// quiet; "info" adds the line a settled attempt logs, as in production.
+	WorkerLogLevel string
+	// ProfileDir, when set, receives the first worker's CPU profile of the
+	// drain (worker-cpu.pprof, ProfileSeconds long, from the first receipt)
+	// and, when the server has pg_stat_statements loaded, the statements of
+	// the drain by total time (pg-statements.txt).
+	ProfileDir     string
+	ProfileSeconds int
 }
 
 // Report is what Run measured.
@@ -83,6 +92,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs.IntVar(&c.Messages, "messages", 20000, "backlog size")
 	fs.IntVar(&c.PayloadBytes, "payload-bytes", 1000, "body padding (about 1 KiB bodies)")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Minute, "bound on the worker drain")
+	fs.StringVar(&c.WorkerLogLevel, "worker-log-level", "warn", "LOG_LEVEL of each worker (info: one line per settled attempt, discarded)")
+	fs.StringVar(&c.ProfileDir, "profile-dir", "", "write the first worker's CPU profile of the drain and the drain's pg_stat_statements here")
+	fs.IntVar(&c.ProfileSeconds, "profile-seconds", 5, "CPU profile length (shorter than the drain)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -93,7 +105,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 		c.DatabaseURL = getenv("DATABASE_URL")
 	}
 	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 ||
-		c.TenantShare < 0 || c.TenantShare > c.Concurrency || c.PollInterval <= 0 {
+		c.TenantShare < 0 || c.TenantShare > c.Concurrency || c.PollInterval <= 0 || c.ProfileSeconds < 1 || c.ProfileSeconds > 25 {
 		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required; --tenant-max-inflight is 0 to --concurrency")
 		return 2
 	}
@@ -113,6 +125,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 type sink struct {
 	mu          sync.Mutex
 	first       map[string]time.Time
+	started     chan struct{} // closed at the first receipt
+	startOnce   sync.Once
 	dups        int
 	want        int
 	done        chan struct{}
@@ -133,6 +147,9 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	now := time.Now()
 	id := r.Header.Get("webhook-id")
+	if s.started != nil {
+		s.startOnce.Do(func() { close(s.started) })
+	}
 	s.mu.Lock()
 	if _, ok := s.first[id]; ok {
 		s.dups++
@@ -157,7 +174,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	_, _ = rand.Read(tag)
 	tenant := "bench-" + hex.EncodeToString(tag)
 
-	snk := &sink{first: map[string]time.Time{}, want: c.Messages, done: make(chan struct{})}
+	snk := &sink{first: map[string]time.Time{}, want: c.Messages, done: make(chan struct{}), started: make(chan struct{})}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return Report{}, fmt.Errorf("sink listen: %w", err)
@@ -191,11 +208,16 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	}
 	rep.RawRowsPerSec = float64(n) / time.Since(rawStart).Seconds()
 
-	// The same rows, due again at one instant: the latency base.
+	// The same rows, due again at one instant: the latency base. Their
+	// attempt history goes too: the worker's attempts are numbered from 1
+	// again and must each write their row, as on a first delivery.
 	if _, err := st.DB().DB.ExecContext(ctx, `UPDATE outbox_messages SET status = 'pending', attempts = 0,
 		next_attempt_at = now(), delivered_at = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = $1`, tenant); err != nil {
 		return Report{}, fmt.Errorf("reset rows: %w", err)
+	}
+	if _, err := st.DB().DB.ExecContext(ctx, `DELETE FROM outbox_attempts WHERE tenant_id = $1`, tenant); err != nil {
+		return Report{}, fmt.Errorf("reset attempts: %w", err)
 	}
 	if err := vacuum(ctx, st); err != nil {
 		return Report{}, err
@@ -217,10 +239,17 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		"DATABASE_URL=" + c.DatabaseURL, "METRICS_ADDR=127.0.0.1:0", "WEBHOOK_SECRETS_FILE=" + secretsFile,
 		"DELIVERY_ALLOW_INSECURE_LOOPBACK=true", "DELIVERY_CONCURRENCY=" + strconv.Itoa(c.Concurrency),
 		"DELIVERY_LIMIT_TOKENS=1000000", "DELIVERY_LIMIT_INTERVAL=1s", "DELIVERY_POLL_INTERVAL=" + c.PollInterval.String(),
-		"DB_MAX_OPEN_CONNS=8", "LOG_LEVEL=warn", "PATH=" + os.Getenv("PATH"),
+		"DB_MAX_OPEN_CONNS=8", "LOG_LEVEL=" + c.WorkerLogLevel, "PATH=" + os.Getenv("PATH"),
 	}
 	if c.TenantShare > 0 {
 		env = append(env, "DELIVERY_TENANT_MAX_INFLIGHT="+strconv.Itoa(c.TenantShare))
+	}
+	var prof *profiler
+	if c.ProfileDir != "" {
+		if prof, err = newProfiler(ctx, st, c); err != nil {
+			return Report{}, err
+		}
+		env = append(env, "PPROF_ENABLED=true")
 	}
 	fmt.Fprintf(logw, "starting %d worker(s)\n", c.Workers)
 	var procs []*exec.Cmd
@@ -230,14 +259,24 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 			_ = p.Wait()
 		}
 	}()
-	for range c.Workers {
+	for i := range c.Workers {
 		p := exec.Command(c.WorkerBin)
 		p.Env = env
+		if i == 0 && prof != nil {
+			p.Env = append(slices.Clone(env), "METRICS_ADDR="+prof.addr) // later entries win
+		}
 		p.Stdout, p.Stderr = logw, logw
+		if c.WorkerLogLevel != "warn" && c.WorkerLogLevel != "error" {
+			// A line per attempt: written (that is the cost measured), not shown.
+			p.Stdout, p.Stderr = io.Discard, io.Discard
+		}
 		if err := p.Start(); err != nil {
 			return Report{}, fmt.Errorf("start worker: %w", err)
 		}
 		procs = append(procs, p)
+	}
+	if prof != nil {
+		go prof.cpuOnFirstReceipt(ctx, snk)
 	}
 	timer := time.NewTimer(c.Timeout)
 	defer timer.Stop()
@@ -283,6 +322,11 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
 		rep.LoadAverage1Min = strings.Fields(string(la))[0]
 	}
+	if prof != nil {
+		if err := prof.finish(ctx, st); err != nil {
+			return Report{}, err
+		}
+	}
 	return rep, nil
 }
 
@@ -291,7 +335,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 // same clean table (a drain still leaves dead versions behind as it goes,
 // in both phases alike).
 func vacuum(ctx context.Context, st *store.Store) error {
-	if _, err := st.DB().DB.ExecContext(ctx, `VACUUM ANALYZE outbox_messages`); err != nil {
+	if _, err := st.DB().DB.ExecContext(ctx, `VACUUM ANALYZE outbox_messages, outbox_attempts`); err != nil {
 		return fmt.Errorf("vacuum: %w", err)
 	}
 	return nil
@@ -352,7 +396,8 @@ func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 		}
 		ss := make([]store.Settlement, len(claimed))
 		for i, c := range claimed {
-			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}
+			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
+				StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: http.StatusNoContent} // timed, as the worker settles
 		}
 		res, err := st.SettleBatch(ctx, tenant, ss)
 		if err != nil {

@@ -31,12 +31,17 @@ type Env struct {
 
 const usage = `Usage:
   loadgen-ingest setup --out CREDS.json [--producers N] [--tenant T] [--account A] [--prefix P] [--database-url URL]
+                       [--outbox --project P --topic T]
   loadgen-ingest run --creds CREDS.json [--url http://127.0.0.1:8080] [--producers C] [--count N]
-                     [--duration D] [--rate R] [--batch B] [--payload-bytes N] [--json]
+                     [--duration D] [--rate R] [--batch B] [--payload-bytes N] [--same-credential] [--json]
 
 setup issues a device credential and registers a key per producer (DATABASE_URL);
 run signs every envelope first, then drives ingest-api (loopback only) and reports
-throughput and p50/p99/p99.9 latency. Run 'loadgen-ingest <command> -h' for the flags.
+throughput and p50/p99/p99.9 latency. With --outbox, setup issues service
+credentials and adds one endpoint of (project, topic); run then drives
+POST /v1/outbox (or /v1/outbox/batch with --batch), and --same-credential sends
+every concurrent client's requests with the first credential (one outbound
+stream: one busy producer). Run 'loadgen-ingest <command> -h' for the flags.
 `
 
 // Main runs one loadgen-ingest command line and returns the exit code.
@@ -93,8 +98,14 @@ func mainSetup(ctx context.Context, args []string, env Env) int {
 	prefix := fs.String("prefix", "", "device and key id prefix (default lg-<random hex>, so setup can run again on one database)")
 	dsnFlag := fs.String("database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	outbox := fs.Bool("outbox", false, "service credentials and an endpoint of --project/--topic, for the outbox routes")
+	project := fs.String("project", "loadgen", "project of the outbox endpoint (with --outbox)")
+	topic := fs.String("topic", "loadgen.outbox", "topic of the outbox endpoint (with --outbox)")
 	if done, code := parseFlags(fs, args, env); done {
 		return code
+	}
+	if *outbox && !identityRE.MatchString(*project) {
+		return usageErr(env, name, "--project %q is not a valid identity", *project)
 	}
 	if *out == "" {
 		return usageErr(env, name, "--out is required")
@@ -137,7 +148,8 @@ func mainSetup(ctx context.Context, args []string, env Env) int {
 		return ExitFailure
 	}
 	defer s.Close()
-	creds, err := Setup(cctx, s, SetupConfig{Tenant: *tenant, Account: *account, Prefix: *prefix, Producers: *n})
+	creds, err := Setup(cctx, s, SetupConfig{Tenant: *tenant, Account: *account, Prefix: *prefix, Producers: *n,
+		Outbox: *outbox, Project: *project, Topic: *topic})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "%s: %v\n", name, err)
 		return ExitFailure
@@ -164,6 +176,7 @@ func mainRun(ctx context.Context, args []string, env Env) int {
 	project := fs.String("project", "", "project id of the streams (default lg-<random hex>: fresh streams)")
 	timeout := fs.Duration("timeout", 30*time.Second, "per request")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	same := fs.Bool("same-credential", false, "every client sends with the first credential (outbox files only: one busy producer)")
 	if done, code := parseFlags(fs, args, env); done {
 		return code
 	}
@@ -183,7 +196,7 @@ func mainRun(ctx context.Context, args []string, env Env) int {
 	}
 	plan, err := NewPlan(Config{
 		URL: u, Creds: creds, Producers: *producers, Count: *count, Duration: *duration, Rate: *rate,
-		Batch: *batch, PayloadBytes: *payload, Project: *project, Timeout: *timeout,
+		Batch: *batch, PayloadBytes: *payload, Project: *project, Timeout: *timeout, SameCredential: *same,
 	})
 	if err != nil {
 		return usageErr(env, name, "%v", err)

@@ -344,11 +344,11 @@ func TestRunCountsRefusals(t *testing.T) {
 
 func TestTallyRecord(t *testing.T) {
 	tl := newTally()
-	tl.record(200, []byte(`{"results":[{"outcome":"accepted"}]}`), 2, true)
-	tl.record(503, []byte(`{"outcome":"refused","reason":"unavailable"}`), 5, true)
-	tl.record(500, []byte(`{"outcome":"accepted"}`), 1, false)
-	tl.record(502, []byte(`<html>`), 1, false)
-	tl.record(200, []byte(`{"outcome":"duplicate"}`), 1, false)
+	tl.record(200, []byte(`{"results":[{"outcome":"accepted"}]}`), 2, true, false)
+	tl.record(503, []byte(`{"outcome":"refused","reason":"unavailable"}`), 5, true, false)
+	tl.record(500, []byte(`{"outcome":"accepted"}`), 1, false, false)
+	tl.record(502, []byte(`<html>`), 1, false, false)
+	tl.record(200, []byte(`{"outcome":"duplicate"}`), 1, false, false)
 	want := map[string]int{"batch_result_count_mismatch": 2, "unavailable": 5, "http_500_claims_accepted": 1, "http_502_unreadable_body": 1}
 	if fmt.Sprint(tl.refused) != fmt.Sprint(want) || tl.accepted != 0 || tl.duplicates != 1 {
 		t.Errorf("refused %v accepted %d duplicates %d", tl.refused, tl.accepted, tl.duplicates)
@@ -510,5 +510,60 @@ func TestMainSetup(t *testing.T) {
 	errb.Reset()
 	if code := Main(context.Background(), []string{"setup", "--out", path, "--producers", "1"}, env); code != ExitUsage || !strings.Contains(errb.String(), "exists") {
 		t.Errorf("overwrite: code %d stderr %q", code, errb.String())
+	}
+}
+
+func TestTallyRecordOutbox(t *testing.T) {
+	tl := newTally()
+	tl.record(201, []byte(`{"envelope":{},"message_ids":[]}`), 1, false, true)
+	tl.record(200, []byte(`{"envelope":{},"message_ids":[]}`), 1, false, true)
+	tl.record(422, []byte(`{"outcome":"refused","reason":"no_endpoint"}`), 1, false, true)
+	tl.record(200, []byte(`{"results":[{"envelope":{},"status":201},{"outcome":"refused","reason":"rate_limited","status":429}]}`), 2, true, true)
+	tl.record(503, []byte(`{"outcome":"refused","reason":"unavailable"}`), 3, true, true)
+	want := map[string]int{"no_endpoint": 1, "rate_limited": 1, "unavailable": 3}
+	if fmt.Sprint(tl.refused) != fmt.Sprint(want) || tl.accepted != 2 || tl.duplicates != 1 {
+		t.Errorf("refused %v accepted %d duplicates %d", tl.refused, tl.accepted, tl.duplicates)
+	}
+}
+
+// An outbox plan sends POST /v1/outbox bodies of the file's project and topic, each with a key of its
+// own; with SameCredential every client uses the first credential.
+func TestNewOutboxPlan(t *testing.T) {
+	creds := Creds{Tenant: "lt", Account: "la", Outbox: true, Project: "lp", Topic: "lg.topic",
+		Producers: []Producer{{Device: "svc-1", Token: "tok-1"}, {Device: "svc-2", Token: "tok-2"}}}
+	u, _ := producer.CheckURL("http://127.0.0.1:1", true)
+	for _, batch := range []int{0, 3} {
+		p, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 7, Batch: batch, Timeout: time.Second, SameCredential: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.clients[0] != "tok-1" || p.clients[1] != "tok-1" || !p.outbox {
+			t.Fatalf("clients %v", p.clients)
+		}
+		keys := map[string]bool{}
+		for _, reqs := range p.work {
+			for _, r := range reqs {
+				items := [][]byte{r.body}
+				if batch > 0 {
+					var err error
+					if items, err = envelope.SplitOutboxBatch(r.body); err != nil || len(items) != r.n {
+						t.Fatalf("batch body %s: %v", r.body, err)
+					}
+				}
+				for _, it := range items {
+					var m map[string]any
+					if err := json.Unmarshal(it, &m); err != nil || m["project_id"] != "lp" || m["topic"] != "lg.topic" {
+						t.Fatalf("body %s", it)
+					}
+					keys[m["idempotency_key"].(string)] = true
+				}
+			}
+		}
+		if len(keys) != 7 || (batch == 0) != (p.route == "/v1/outbox") {
+			t.Fatalf("batch %d: %d keys, route %s", batch, len(keys), p.route)
+		}
+	}
+	if _, err := NewPlan(Config{URL: u, Creds: testCreds(2), Producers: 2, Count: 2, Timeout: time.Second, SameCredential: true}); err == nil {
+		t.Fatal("same-credential accepted for device credentials")
 	}
 }

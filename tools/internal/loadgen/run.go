@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
 	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
@@ -41,6 +42,9 @@ type Config struct {
 	Project string
 	Timeout time.Duration // per request
 	Now     func() time.Time
+	// SameCredential sends every client's requests with the first credential: with an outbox
+	// credentials file, Producers concurrent clients of one outbound stream (contract §8.6).
+	SameCredential bool
 }
 
 // Limits of a run's configuration.
@@ -60,6 +64,7 @@ type Plan struct {
 	work    [][]request // per producer, in sequence order
 	route   string
 	clients []string // token per producer
+	outbox  bool     // answers are POST /v1/outbox's: 201 created, 200 repeated
 }
 
 // NewPlan checks cfg and signs every envelope.
@@ -85,6 +90,18 @@ func NewPlan(cfg Config) (*Plan, error) {
 		return nil, fmt.Errorf("payload bytes must be 0-%d", MaxPayloadBytes)
 	case cfg.Timeout <= 0:
 		return nil, errors.New("timeout must be positive")
+	case cfg.SameCredential && !cfg.Creds.Outbox:
+		return nil, errors.New("same-credential needs an outbox credentials file (a device's envelopes carry their own sequences)")
+	}
+	if cfg.Creds.Outbox {
+		if cfg.Project != "" && cfg.Project != cfg.Creds.Project {
+			return nil, fmt.Errorf("an outbox run uses the credentials file's project %s", cfg.Creds.Project)
+		}
+		cfg.Project = cfg.Creds.Project
+		if cfg.Now == nil {
+			cfg.Now = time.Now
+		}
+		return newOutboxPlan(cfg)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -161,8 +178,51 @@ func NewPlan(cfg Config) (*Plan, error) {
 		return nil, firstErr
 	}
 	for i := range envs {
-		p.work[i] = requests(envs[i], cfg.Batch)
+		p.work[i] = wrap(envs[i], cfg.Batch, "envelopes")
 		envs[i] = nil
+	}
+	return p, nil
+}
+
+// newOutboxPlan builds the outbox requests: nothing to sign (ingest-api signs), one idempotency key per
+// message, unique to the run.
+func newOutboxPlan(cfg Config) (*Plan, error) {
+	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/outbox", outbox: true}
+	if cfg.Batch > 0 {
+		p.route = "/v1/outbox/batch"
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("random run id: %w", err)
+	}
+	run := hex.EncodeToString(b[:])
+	pad := strings.Repeat("x", cfg.PayloadBytes)
+	p.clients = make([]string, cfg.Producers)
+	for i := range p.work {
+		pr := cfg.Creds.Producers[i]
+		if cfg.SameCredential {
+			pr = cfg.Creds.Producers[0]
+		}
+		if pr.Token == "" || strings.ContainsFunc(pr.Token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return nil, fmt.Errorf("producer %s: token is empty or holds spaces or control characters", pr.Device)
+		}
+		p.clients[i] = pr.Token
+		n := cfg.Count / cfg.Producers
+		if i < cfg.Count%cfg.Producers {
+			n++
+		}
+		bodies := make([][]byte, n)
+		for j := range bodies {
+			body, err := json.Marshal(map[string]any{
+				"project_id": cfg.Project, "topic": cfg.Creds.Topic, "idempotency_key": fmt.Sprintf("k-%s-%d-%d", run, i, j),
+				"kind": "loadgen.sample", "payload": map[string]any{"n": j, "pad": pad},
+			})
+			if err != nil {
+				return nil, err
+			}
+			bodies[j] = body
+		}
+		p.work[i] = wrap(bodies, cfg.Batch, "messages")
 	}
 	return p, nil
 }
@@ -189,8 +249,8 @@ func signOne(cfg Config, pr Producer, priv ed25519.PrivateKey, seq int, issued t
 	return e.Canonical(), nil
 }
 
-// requests groups one stream's envelopes into request bodies, in sequence order.
-func requests(envs [][]byte, batch int) []request {
+// wrap groups one stream's bodies into requests, in order: one each, or batches under member.
+func wrap(envs [][]byte, batch int, member string) []request {
 	if batch == 0 {
 		reqs := make([]request, len(envs))
 		for i, e := range envs {
@@ -202,7 +262,7 @@ func requests(envs [][]byte, batch int) []request {
 	for start := 0; start < len(envs); start += batch {
 		end := min(start+batch, len(envs))
 		var b bytes.Buffer
-		b.WriteString(`{"envelopes":[`)
+		b.WriteString(`{"` + member + `":[`)
 		for i := start; i < end; i++ {
 			if i > start {
 				b.WriteByte(',')
@@ -268,10 +328,25 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 }
 
+// answer reads both routes' answers: a single answer, or a batch's results.
 type answer struct {
-	Outcome string   `json:"outcome"`
-	Reason  string   `json:"reason"`
-	Results []answer `json:"results"`
+	wire.Answer
+	Results []wire.BatchResult `json:"results"`
+}
+
+// outboxOutcome reads an outbox answer as an envelope answer: 201 created is accepted, 200 (the same
+// request again) a duplicate.
+func outboxOutcome(a *wire.Answer, status int) {
+	switch status {
+	case http.StatusCreated:
+		a.Outcome = wire.OutcomeAccepted
+	case http.StatusOK:
+		a.Outcome = wire.OutcomeDuplicate
+	default:
+		if a.Outcome != wire.OutcomeRefused {
+			a.Outcome, a.Reason = wire.OutcomeRefused, wire.Reason(fmt.Sprintf("http_%d", status))
+		}
+	}
 }
 
 type tally struct {
@@ -302,14 +377,14 @@ func (t *tally) merge(o *tally) {
 	}
 }
 
-func (t *tally) outcome(a answer, n int) {
+func (t *tally) outcome(a wire.Answer, n int) {
 	switch a.Outcome {
-	case "accepted":
+	case wire.OutcomeAccepted:
 		t.accepted += n
-	case "duplicate":
+	case wire.OutcomeDuplicate:
 		t.duplicates += n
 	default:
-		r := a.Reason
+		r := string(a.Reason)
 		if r == "" {
 			r = "unknown"
 		}
@@ -318,19 +393,35 @@ func (t *tally) outcome(a answer, n int) {
 }
 
 // record counts one answered request.
-func (t *tally) record(status int, body []byte, n int, batch bool) {
+func (t *tally) record(status int, body []byte, n int, batch, outbox bool) {
 	t.statuses[status]++
 	var a answer
 	if err := json.Unmarshal(body, &a); err != nil {
 		t.refused[fmt.Sprintf("http_%d_unreadable_body", status)] += n
 		return
 	}
-	if !batch || status != http.StatusOK {
-		if status != http.StatusOK && a.Outcome == "accepted" {
-			// A non-200 that says accepted breaks the contract; never count it as a success.
-			a.Outcome, a.Reason = "refused", fmt.Sprintf("http_%d_claims_accepted", status)
+	if outbox {
+		if !batch || status != http.StatusOK {
+			outboxOutcome(&a.Answer, status)
+			t.outcome(a.Answer, n)
+			return
 		}
-		t.outcome(a, n)
+		if len(a.Results) != n {
+			t.refused["batch_result_count_mismatch"] += n
+			return
+		}
+		for _, r := range a.Results {
+			outboxOutcome(&r.Answer, r.Status)
+			t.outcome(r.Answer, 1)
+		}
+		return
+	}
+	if !batch || status != http.StatusOK {
+		if status != http.StatusOK && a.Outcome == wire.OutcomeAccepted {
+			// A non-200 that says accepted breaks the contract; never count it as a success.
+			a.Outcome, a.Reason = wire.OutcomeRefused, wire.Reason(fmt.Sprintf("http_%d_claims_accepted", status))
+		}
+		t.outcome(a.Answer, n)
 		return
 	}
 	if len(a.Results) != n {
@@ -338,7 +429,7 @@ func (t *tally) record(status int, body []byte, n int, batch bool) {
 		return
 	}
 	for _, r := range a.Results {
-		t.outcome(r, 1)
+		t.outcome(r.Answer, 1)
 	}
 }
 
@@ -438,7 +529,7 @@ func (p *Plan) produce(runCtx, ctx context.Context, i int, c *conn, start time.T
 			continue
 		}
 		t.latencies = append(t.latencies, done.Sub(due))
-		t.record(status, body, req.n, cfg.Batch > 0)
+		t.record(status, body, req.n, cfg.Batch > 0, p.outbox)
 	}
 }
 

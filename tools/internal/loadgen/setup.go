@@ -14,18 +14,23 @@ import (
 	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
 
-// Producer is one simulated device: its credential and signing key.
+// Producer is one simulated device: its credential and signing key. An
+// outbox producer is a service credential and has no key (ingest-api signs).
 type Producer struct {
 	Device string `json:"device"`
-	KeyID  string `json:"key_id"`
+	KeyID  string `json:"key_id,omitempty"`
 	Token  string `json:"token"`
-	Seed   string `json:"seed"`
+	Seed   string `json:"seed,omitempty"`
 }
 
-// Creds is the credentials file Setup writes and Run reads.
+// Creds is the credentials file Setup writes and Run reads. Outbox files
+// (Setup with Outbox) name the project and topic whose endpoint Setup added.
 type Creds struct {
 	Tenant    string     `json:"tenant"`
 	Account   string     `json:"account"`
+	Outbox    bool       `json:"outbox,omitempty"`
+	Project   string     `json:"project,omitempty"`
+	Topic     string     `json:"topic,omitempty"`
 	Producers []Producer `json:"producers"`
 }
 
@@ -33,10 +38,17 @@ type Creds struct {
 const MaxProducers = 4096
 
 // SetupConfig names what Setup creates: producers <prefix>-0001 … with key ids equal to the device ids.
+// With Outbox, service credentials instead, and one active endpoint of (Project, Topic) for their
+// enqueues to fan out to (its URL is never called unless a delivery-worker runs).
 type SetupConfig struct {
 	Tenant, Account, Prefix string
 	Producers               int
+	Outbox                  bool
+	Project, Topic          string
 }
+
+// outboxEndpointURL is where the outbox setup's endpoint points: loopback's discard port.
+const outboxEndpointURL = "http://127.0.0.1:9/loadgen"
 
 // Setup issues a device credential and registers a fresh key for each producer.
 func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) {
@@ -44,6 +56,9 @@ func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) 
 		return Creds{}, fmt.Errorf("producers must be 1-%d", MaxProducers)
 	}
 	c := Creds{Tenant: cfg.Tenant, Account: cfg.Account}
+	if cfg.Outbox {
+		return setupOutbox(ctx, s, cfg, c)
+	}
 	for i := 1; i <= cfg.Producers; i++ {
 		device := fmt.Sprintf("%s-%04d", cfg.Prefix, i)
 		pub, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -63,6 +78,23 @@ func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) 
 		c.Producers = append(c.Producers, Producer{
 			Device: device, KeyID: device, Token: token, Seed: producer.EncodeBase64URL(priv.Seed()),
 		})
+	}
+	return c, nil
+}
+
+func setupOutbox(ctx context.Context, s *store.Store, cfg SetupConfig, c Creds) (Creds, error) {
+	c.Outbox, c.Project, c.Topic = true, cfg.Project, cfg.Topic
+	if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: cfg.Tenant, ProjectID: cfg.Project, Topic: cfg.Topic,
+		URL: outboxEndpointURL, SecretRef: cfg.Prefix + "-secret"}); err != nil {
+		return Creds{}, fmt.Errorf("add endpoint: %w", err)
+	}
+	for i := 1; i <= cfg.Producers; i++ {
+		device := fmt.Sprintf("%s-%04d", cfg.Prefix, i)
+		token, _, err := s.IssueCredential(ctx, cfg.Tenant, cfg.Account, device, "service")
+		if err != nil {
+			return Creds{}, fmt.Errorf("issue credential for %s: %w", device, err)
+		}
+		c.Producers = append(c.Producers, Producer{Device: device, Token: token})
 	}
 	return c, nil
 }
@@ -89,7 +121,19 @@ func ReadCreds(path string) (Creds, error) {
 	if c.Tenant == "" || len(c.Producers) == 0 {
 		return Creds{}, fmt.Errorf("%s names no tenant or no producers", path)
 	}
+	if c.Outbox && (!identityRE.MatchString(c.Project) || c.Topic == "") {
+		return Creds{}, fmt.Errorf("%s: an outbox file names no project or topic", path)
+	}
 	for i, p := range c.Producers {
+		if c.Outbox {
+			if p.Device == "" {
+				return Creds{}, fmt.Errorf("%s: producer %d lacks device", path, i)
+			}
+			if err := producer.CheckToken(p.Token); err != nil {
+				return Creds{}, fmt.Errorf("%s: producer %s: %w", path, p.Device, err)
+			}
+			continue
+		}
 		if p.Device == "" || p.KeyID == "" {
 			return Creds{}, fmt.Errorf("%s: producer %d lacks device or key_id", path, i)
 		}

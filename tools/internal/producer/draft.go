@@ -28,22 +28,26 @@ var draftMembers = map[string]bool{
 }
 
 var requiredDraftMembers = []string{
-	"tenant_id", "project_id", "producer_id", "event_id", "idempotency_key", "key_id", "sequence",
+	"tenant_id", "project_id", "producer_id", "event_id", "idempotency_key", "key_id",
 	"metadata", "payload",
 }
 
+// Sequenced says whether drafts carry their sequence (envctl send on its own) or must leave it out
+// (envctl send --state-file, where the producer module assigns sequences).
+type Sequenced bool
+
 // ParseDraft reads one draft object.
-func ParseDraft(data []byte, now time.Time) (envelope.Draft, error) {
+func ParseDraft(data []byte, now time.Time, seq Sequenced) (envelope.Draft, error) {
 	canon, err := envelope.Canonicalize(data)
 	if err != nil {
 		return envelope.Draft{}, fmt.Errorf("draft is not acceptable JSON: %w", err)
 	}
-	return decodeDraft(canon, now)
+	return decodeDraft(canon, now, seq)
 }
 
 // ParseDraftBatch reads a batch draft file: {"envelopes":[draft, ...]} or a bare array of drafts, with
 // 1..envelope.MaxBatch drafts, each under the envelope limits on its own (as the server counts them).
-func ParseDraftBatch(data []byte, now time.Time) ([]envelope.Draft, error) {
+func ParseDraftBatch(data []byte, now time.Time, seq Sequenced) ([]envelope.Draft, error) {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
 	if len(trimmed) > 0 && trimmed[0] == '[' {
 		wrapped := make([]byte, 0, len(data)+16)
@@ -58,7 +62,7 @@ func ParseDraftBatch(data []byte, now time.Time) ([]envelope.Draft, error) {
 	}
 	drafts := make([]envelope.Draft, 0, len(items))
 	for i, item := range items {
-		d, err := ParseDraft(item, now)
+		d, err := ParseDraft(item, now, seq)
 		if err != nil {
 			return nil, fmt.Errorf("batch draft item %d: %w", i, err)
 		}
@@ -67,7 +71,7 @@ func ParseDraftBatch(data []byte, now time.Time) ([]envelope.Draft, error) {
 	return drafts, nil
 }
 
-func decodeDraft(canon []byte, now time.Time) (envelope.Draft, error) {
+func decodeDraft(canon []byte, now time.Time, seq Sequenced) (envelope.Draft, error) {
 	var d envelope.Draft
 	if len(canon) == 0 || canon[0] != '{' {
 		return d, errors.New("draft must be a JSON object")
@@ -94,6 +98,12 @@ func decodeDraft(canon []byte, now time.Time) (envelope.Draft, error) {
 			return d, fmt.Errorf("draft lacks member %q", k)
 		}
 	}
+	switch _, ok := m["sequence"]; {
+	case bool(seq) && !ok:
+		return d, errors.New(`draft lacks member "sequence"`)
+	case !bool(seq) && ok:
+		return d, errors.New(`draft must leave out "sequence": the producer's state file assigns it`)
+	}
 	if raw, ok := m["schema_version"]; ok && string(raw) != "1" {
 		return d, errors.New(`draft "schema_version" must be 1 (or left out): only version 1 can be signed`)
 	}
@@ -109,8 +119,10 @@ func decodeDraft(canon []byte, now time.Time) (envelope.Draft, error) {
 			return d, fmt.Errorf("draft %q must be a string", s.name)
 		}
 	}
-	if err := json.Unmarshal(m["sequence"], &d.Sequence); err != nil {
-		return d, errors.New(`draft "sequence" must be an integer`)
+	if seq {
+		if err := json.Unmarshal(m["sequence"], &d.Sequence); err != nil {
+			return d, errors.New(`draft "sequence" must be an integer`)
+		}
 	}
 	issued, err := draftIssuedAt(m["issued_at"], now)
 	if err != nil {

@@ -289,7 +289,7 @@ func TestDraftReproducesVectors(t *testing.T) {
 			continue
 		}
 		t.Run(v.Name, func(t *testing.T) {
-			d, err := ParseDraft(draftOf(t, v.Body), time.Now())
+			d, err := ParseDraft(draftOf(t, v.Body), time.Now(), true)
 			if v.Reason == "invalid_metadata" {
 				if err == nil || !strings.Contains(err.Error(), "metadata has unknown member") {
 					t.Fatalf("draft with unknown metadata: %v", err)
@@ -328,7 +328,7 @@ const goodDraft = `{"tenant_id":"t1","project_id":"p1","producer_id":"d1","event
 
 func TestParseDraft(t *testing.T) {
 	now := time.Date(2026, 11, 29, 21, 0, 0, 123, time.UTC)
-	d, err := ParseDraft([]byte(goodDraft), now)
+	d, err := ParseDraft([]byte(goodDraft), now, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +349,7 @@ func TestParseDraft(t *testing.T) {
 		if issued != "" {
 			doc = strings.Replace(goodDraft, `"2026-11-29T20:00:00.5Z"`, issued, 1)
 		}
-		d, err := ParseDraft([]byte(doc), now)
+		d, err := ParseDraft([]byte(doc), now, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -358,7 +358,7 @@ func TestParseDraft(t *testing.T) {
 		}
 	}
 	withVersion := strings.Replace(goodDraft, `"tenant_id"`, `"schema_version":1,"tenant_id"`, 1)
-	if _, err := ParseDraft([]byte(withVersion), now); err != nil {
+	if _, err := ParseDraft([]byte(withVersion), now, true); err != nil {
 		t.Errorf("schema_version 1 refused: %v", err)
 	}
 }
@@ -391,7 +391,7 @@ func TestParseDraftRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := ParseDraft([]byte(c.doc), time.Now())
+			_, err := ParseDraft([]byte(c.doc), time.Now(), true)
 			if err == nil || !strings.Contains(err.Error(), c.msg) {
 				t.Errorf("ParseDraft = %v, want an error containing %q", err, c.msg)
 			}
@@ -405,7 +405,7 @@ func TestParseDraftBatch(t *testing.T) {
 		`{"envelopes":[` + goodDraft + `,` + second + `]}`,
 		" [" + goodDraft + "," + second + "]\n",
 	} {
-		ds, err := ParseDraftBatch([]byte(doc), time.Now())
+		ds, err := ParseDraftBatch([]byte(doc), time.Now(), true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,8 +422,25 @@ func TestParseDraftBatch(t *testing.T) {
 		{"item not object", `[` + goodDraft + `,1]`, "batch draft item 1"},
 	}
 	for _, c := range bad {
-		if _, err := ParseDraftBatch([]byte(c.doc), time.Now()); err == nil || !strings.Contains(err.Error(), c.msg) {
+		if _, err := ParseDraftBatch([]byte(c.doc), time.Now(), true); err == nil || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%s: ParseDraftBatch = %v, want an error containing %q", c.name, err, c.msg)
 		}
+	}
+}
+
+func TestParseDraftUnsequenced(t *testing.T) {
+	if _, err := ParseDraft([]byte(goodDraft), time.Now(), false); err == nil || !strings.Contains(err.Error(), `leave out "sequence"`) {
+		t.Errorf("a sequence in an unsequenced draft: %v", err)
+	}
+	without := strings.Replace(goodDraft, `"sequence":3,`, "", 1)
+	if without == goodDraft {
+		t.Fatal("test bug: no sequence to remove")
+	}
+	d, err := ParseDraft([]byte(without), time.Now(), false)
+	if err != nil || d.Sequence != 0 || d.EventID != "e1" {
+		t.Errorf("%+v %v", d, err)
+	}
+	if _, err := ParseDraft([]byte(without), time.Now(), true); err == nil || !strings.Contains(err.Error(), `lacks member "sequence"`) {
+		t.Errorf("a sequenced draft without sequence: %v", err)
 	}
 }

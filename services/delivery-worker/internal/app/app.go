@@ -116,6 +116,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	})
 	schema := store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout})
 	mux.HandleFunc("GET /readyz", readyz(schema, log))
+	if cfg.PprofEnabled {
+		mountPprof(mux)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: timeouts.readHeader,

@@ -46,6 +46,9 @@ type Config struct {
 	// after its last message settled (contract §8.9); this worker's settles
 	// fix that time.
 	OutboxPayloadRetention time.Duration
+	// PprofEnabled serves net/http/pprof on the metrics listener: off by
+	// default, since a profile shows whatever the process holds.
+	PprofEnabled bool
 }
 
 // Bounds of OUTBOX_PAYLOAD_RETENTION: under a second is a unit mistake (a
@@ -108,6 +111,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
 		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
 		{"OUTBOX_PAYLOAD_RETENTION", "how long an outbound envelope's body is kept after its last message was delivered or dead (Go duration, 1s to 87600h)", (*durationValue)(&c.OutboxPayloadRetention)},
+		{"PPROF_ENABLED", "serve /debug/pprof/ on the METRICS_ADDR listener (profiling; keep that address private)", (*boolValue)(&c.PprofEnabled)},
 	}
 	for _, s := range settings {
 		if v := getenv(s.env); v != "" {

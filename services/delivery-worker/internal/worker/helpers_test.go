@@ -173,6 +173,7 @@ type opts struct {
 	now                   func() time.Time
 	grace                 time.Duration
 	lease, httpTimeout    time.Duration // 0: 30s and 5s
+	log                   io.Writer     // the worker's JSON log; nil: discarded
 }
 
 // newWorker builds a worker on its own pool, delivering to loopback with a
@@ -218,11 +219,14 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	if o.grace == 0 {
 		o.grace = time.Minute
 	}
+	if o.log == nil {
+		o.log = io.Discard
+	}
 	m := NewMetrics(prometheus.NewRegistry())
 	w, err := New(Config{
 		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
-	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
+	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
 	if err != nil {
 		t.Fatal(err)
 	}

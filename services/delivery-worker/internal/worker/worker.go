@@ -380,7 +380,8 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
 	}
 	answered()
-	elapsed := time.Since(start).Seconds()
+	took := time.Since(start)
+	elapsed := took.Seconds()
 	if err != nil {
 		// Shutdown past the grace period, or the attempt ran into the
 		// lease margin: the outcome is unknown, the lease will expire.
@@ -403,7 +404,8 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	w.m.latency.WithLabelValues(res.Verdict.String()).Observe(elapsed)
 
 	verdict := res.Verdict
-	st := store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Code: res.Code}
+	st := store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Code: res.Code,
+		StartedAt: start, Duration: took, HTTPStatus: res.Status}
 	switch res.Verdict {
 	case sender.Delivered:
 		st.Outcome, st.Code = store.SettleDelivered, ""
@@ -429,6 +431,7 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	switch {
 	case err == nil:
 		w.m.attempts.WithLabelValues(verdict.String(), res.Code).Inc()
+		w.logSettled(c, verdict, res, took)
 		if res.DisableEndpoint {
 			w.log.Info("endpoint disabled after 410 Gone", slog.String("endpoint_id", c.EndpointID))
 		}
@@ -444,6 +447,27 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 		w.log.Warn("settle failed", slog.String("message_id", c.MessageID), slog.Int("attempt", c.Attempt),
 			slog.String("error", err.Error()), slog.String("sqlstate", store.SQLState(err)))
 	}
+}
+
+// logSettled is the one line of a settled attempt (contract §8.8): ids,
+// attempt, status (the result, and the HTTP status when an answer came),
+// code and duration, the fields of its history row, and nothing else. The
+// message and endpoint ids are unique on their own, so the tenant id stays
+// out of the worker's logs as everywhere else in them; so does the URL (its
+// query may hold a token), and anything of the answer but its status.
+func (w *Worker) logSettled(c store.Claimed, verdict sender.Verdict, res sender.Result, took time.Duration) {
+	attrs := []slog.Attr{
+		slog.String("message_id", c.MessageID),
+		slog.String("endpoint_id", c.EndpointID), slog.Int("attempt", c.Attempt),
+		slog.String("result", verdict.String()), slog.Int64("duration_ms", took.Milliseconds()),
+	}
+	if res.Status != 0 {
+		attrs = append(attrs, slog.Int("http_status", res.Status))
+	}
+	if res.Code != "" {
+		attrs = append(attrs, slog.String("error_code", res.Code))
+	}
+	w.log.LogAttrs(context.Background(), slog.LevelInfo, "attempt settled", attrs...)
 }
 
 func (w *Worker) sampleStats(ctx context.Context) {

@@ -112,8 +112,8 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
 		{"CREDENTIAL_CACHE_TTL", "how long a verified credential is cached (0 disables, at most 2s: revocation takes effect within it)", (*durationValue)(&c.CredentialCacheTTL)},
 		{"GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", (*durationValue)(&c.GroupCommitWindow)},
-		{"GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction (1 disables grouping)", (*intValue)(&c.GroupCommitMaxItems)},
-		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once (one being decided, the rest waiting for their WAL flush)", (*intValue)(&c.GroupCommitConcurrency)},
+		{"GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction, and of POST /v1/outbox requests (at most 100) in one outbox transaction (1 disables grouping)", (*intValue)(&c.GroupCommitMaxItems)},
+		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once, for envelopes and for outbox enqueues each (one being decided, the rest waiting for their WAL flush)", (*intValue)(&c.GroupCommitConcurrency)},
 		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
 	}
 

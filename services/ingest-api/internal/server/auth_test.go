@@ -79,7 +79,7 @@ func TestCommitterRefusesAfterClose(t *testing.T) {
 	c := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 0, 10, 1)
 	item := store.BatchItem{
 		Actor:   store.Actor{TenantID: tenantA, AccountID: "acct-1", DeviceID: deviceA, CorrelationID: "c1"},
-		Refusal: &store.AuditEntry{Outcome: outcomeRefused, Reason: reasonForbidden},
+		Refusal: &store.AuditEntry{Outcome: string(outcomeRefused), Reason: string(reasonForbidden)},
 	}
 	if r, err := c.submit(context.Background(), item); err != nil || r.Outcome != store.OutcomeRefused {
 		t.Fatalf("submit: %+v, %v", r, err)
@@ -93,7 +93,7 @@ func TestCommitterRefusesAfterClose(t *testing.T) {
 	c2 := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 50*time.Millisecond, 10, 1)
 	defer c2.close()
 	bad := item
-	bad.Refusal = &store.AuditEntry{Outcome: outcomeRefused, Reason: "Not A Code"}
+	bad.Refusal = &store.AuditEntry{Outcome: string(outcomeRefused), Reason: "Not A Code"}
 	errs := make(chan error, 3)
 	for _, it := range []store.BatchItem{item, bad, item} {
 		go func() {

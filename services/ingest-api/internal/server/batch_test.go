@@ -35,7 +35,7 @@ func checkItems(t testing.TB, got []batchResult, want []itemWant) {
 	}
 	for i, w := range want {
 		g := got[i]
-		if g.Status != w.status || g.Outcome != w.outcome || g.Reason != w.reason || g.CorrelationID == "" {
+		if g.Status != w.status || string(g.Outcome) != w.outcome || string(g.Reason) != w.reason || g.CorrelationID == "" {
 			t.Errorf("item %d: %d %s/%s, want %d %s/%s", i, g.Status, g.Outcome, g.Reason, w.status, w.outcome, w.reason)
 			continue
 		}

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 )
 
 // DefaultMaxInflightBodyBytes is the default bound on request-body bytes held
@@ -56,7 +58,7 @@ func (b *bodyBudget) release(n int64) {
 // handler took. ok is false when the request has been answered. A body that
 // cannot be read (a broken chunked stream, a client gone) is answered
 // malformed, the route's reason for a bad body.
-func (s *Server) readBody(c echo.Context, malformed string) ([]byte, bool) {
+func (s *Server) readBody(c echo.Context, malformed wire.Reason) ([]byte, bool) {
 	r := c.Request()
 	limit := s.cfg.MaxBodyBytes
 	if r.ContentLength > limit {

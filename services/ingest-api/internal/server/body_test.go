@@ -164,7 +164,7 @@ func TestInflightBodyBound(t *testing.T) {
 		t.Fatalf("%d audit rows, want the 3 accepts", len(rows))
 	}
 	for _, r := range rows {
-		if r.Outcome != outcomeAccepted {
+		if r.Outcome != string(outcomeAccepted) {
 			t.Fatalf("audit row %+v", r)
 		}
 	}

@@ -8,18 +8,22 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
 // errCommitterClosed answers requests that arrive after shutdown began.
 var errCommitterClosed = errors.New("group committer closed")
 
-// committer is the group commit of single-envelope requests: concurrent
+// committer is the group commit of single-item requests: concurrent
 // requests (any tenant, any stream) are queued, and each flush runs one
-// store.IngestBatch for everything queued, so many requests share one
-// transaction and one WAL flush. Every request is answered only after the
-// shared commit; if the transaction fails, every request in it gets the
-// error (503: nothing acknowledged, retrying is safe).
+// batch call of the store for everything queued (store.IngestBatch for
+// POST /v1/envelopes, store.EnqueueBatch for POST /v1/outbox, contract
+// §8.6), so many requests share one transaction and one WAL flush. Every
+// request is answered only after the shared commit; if the transaction
+// fails, every request in it gets the error (503: nothing acknowledged,
+// retrying is safe).
 //
 // Batching is self-clocking: a group takes whatever queued while the group
 // before it was being decided, so an idle server commits a lone request at
@@ -32,17 +36,20 @@ var errCommitterClosed = errors.New("group committer closed")
 // for WAL flushes together, which PostgreSQL serves with one flush. Deciding
 // one group at a time keeps groups large when the CPU is the limit; not
 // waiting for the flush keeps latency at about one flush when the disk is.
-// IngestBatch locks the streams of a batch in sorted order, so concurrent
-// transactions cannot deadlock each other.
-type committer struct {
-	st       *store.Store
-	log      *slog.Logger
-	metrics  *metrics
-	timeout  time.Duration
-	window   time.Duration
-	maxItems int
+// Both batch calls lock the streams of a batch in sorted order, so
+// concurrent transactions cannot deadlock each other.
+//
+// I is the store's item type and R its per-item answer.
+type committer[I, R any] struct {
+	commitBatch batchFunc[I, R]
+	log         *slog.Logger
+	size        prometheus.Observer
+	duration    prometheus.Observer
+	timeout     time.Duration
+	window      time.Duration
+	maxItems    int
 
-	queue chan *pendingItem
+	queue chan *pendingItem[I, R]
 	slots chan struct{} // one token per flush allowed in flight
 	// deciding is held by the one flush whose transaction is being decided;
 	// it is handed on when only the commit is left (store.IngestBatchCommitting).
@@ -56,20 +63,37 @@ type committer struct {
 	wg     sync.WaitGroup
 }
 
-type pendingItem struct {
-	item store.BatchItem
-	done chan commitResult // buffered: a flush never blocks on a gone waiter
+// batchFunc commits items in one transaction, answering each in order; it
+// calls decided once only the commit is left (store.IngestBatchCommitting,
+// store.EnqueueBatchCommitting).
+type batchFunc[I, R any] func(ctx context.Context, items []I, decided func()) ([]R, error)
+
+type pendingItem[I, R any] struct {
+	item I
+	done chan commitResult[R] // buffered: a flush never blocks on a gone waiter
 }
 
-type commitResult struct {
-	res store.Result
+type commitResult[R any] struct {
+	res R
 	err error
 }
 
-func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer {
-	c := &committer{
-		st: st, log: log, metrics: m, timeout: timeout, window: window, maxItems: maxItems,
-		queue:    make(chan *pendingItem, maxItems*concurrency),
+// newCommitter is the group commit of POST /v1/envelopes.
+func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.BatchItem, store.Result] {
+	return newGroupCommitter(st.IngestBatchCommitting, log, m.commitSize, m.commitDuration, timeout, window, maxItems, concurrency)
+}
+
+// newOutboxCommitter is the group commit of POST /v1/outbox (contract §8.6);
+// a group is at most one store.EnqueueBatch.
+func newOutboxCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.EnqueueItem, store.EnqueueAnswer] {
+	return newGroupCommitter(st.EnqueueBatchCommitting, log, m.outboxCommitSize, m.outboxCommitDuration, timeout, window,
+		min(maxItems, store.MaxEnqueueBatch), concurrency)
+}
+
+func newGroupCommitter[I, R any](run batchFunc[I, R], log *slog.Logger, size, duration prometheus.Observer, timeout, window time.Duration, maxItems, concurrency int) *committer[I, R] {
+	c := &committer[I, R]{
+		commitBatch: run, log: log, size: size, duration: duration, timeout: timeout, window: window, maxItems: maxItems,
+		queue:    make(chan *pendingItem[I, R], maxItems*concurrency),
 		slots:    make(chan struct{}, concurrency),
 		deciding: make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -87,32 +111,33 @@ func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window
 // submit queues one item and waits for its commit. A cancelled ctx stops the
 // wait but not the commit: the item may still commit, which is why a
 // cancelled request is answered 503 (retry is safe: a retry is a duplicate).
-func (c *committer) submit(ctx context.Context, item store.BatchItem) (store.Result, error) {
-	p := &pendingItem{item: item, done: make(chan commitResult, 1)}
+func (c *committer[I, R]) submit(ctx context.Context, item I) (R, error) {
+	var zero R
+	p := &pendingItem[I, R]{item: item, done: make(chan commitResult[R], 1)}
 	c.mu.RLock()
 	if c.closed {
 		c.mu.RUnlock()
-		return store.Result{}, errCommitterClosed
+		return zero, errCommitterClosed
 	}
 	select {
 	case c.queue <- p:
 		c.mu.RUnlock()
 	case <-ctx.Done():
 		c.mu.RUnlock()
-		return store.Result{}, ctx.Err()
+		return zero, ctx.Err()
 	}
 	select {
 	case r := <-p.done:
 		return r.res, r.err
 	case <-ctx.Done():
-		return store.Result{}, ctx.Err()
+		return zero, ctx.Err()
 	}
 }
 
-func (c *committer) run() {
+func (c *committer[I, R]) run() {
 	defer close(c.stopped)
 	for {
-		var first *pendingItem
+		var first *pendingItem[I, R]
 		select {
 		case first = <-c.queue:
 		case <-c.stop:
@@ -124,7 +149,7 @@ func (c *committer) run() {
 					c.slots <- struct{}{}
 					c.deciding <- struct{}{}
 					c.wg.Add(1)
-					go c.flush([]*pendingItem{p})
+					go c.flush([]*pendingItem[I, R]{p})
 				default:
 					c.wg.Wait()
 					return
@@ -143,8 +168,8 @@ func (c *committer) run() {
 
 // collect takes what is queued, up to maxItems, and if a window is set waits
 // that long for more.
-func (c *committer) collect(first *pendingItem) []*pendingItem {
-	batch := make([]*pendingItem, 1, c.maxItems)
+func (c *committer[I, R]) collect(first *pendingItem[I, R]) []*pendingItem[I, R] {
+	batch := make([]*pendingItem[I, R], 1, c.maxItems)
 	batch[0] = first
 drain:
 	for len(batch) < c.maxItems {
@@ -173,7 +198,7 @@ drain:
 	return batch
 }
 
-func (c *committer) flush(batch []*pendingItem) {
+func (c *committer[I, R]) flush(batch []*pendingItem[I, R]) {
 	defer c.wg.Done()
 	defer func() { <-c.slots }()
 	var once sync.Once
@@ -187,28 +212,28 @@ func (c *committer) flush(batch []*pendingItem) {
 		// bad request cannot fail its neighbours.
 		c.log.Warn("group commit failed; retrying items singly", slog.Int("items", len(batch)), slog.String("error", err.Error()))
 		for _, p := range batch {
-			r, err := c.commit([]*pendingItem{p}, decided)
+			r, err := c.commit([]*pendingItem[I, R]{p}, decided)
 			if err != nil {
-				p.done <- commitResult{err: err}
+				p.done <- commitResult[R]{err: err}
 				continue
 			}
-			p.done <- commitResult{res: r[0]}
+			p.done <- commitResult[R]{res: r[0]}
 		}
 		return
 	}
 	for i, p := range batch {
 		if err != nil {
-			p.done <- commitResult{err: err}
+			p.done <- commitResult[R]{err: err}
 			continue
 		}
-		p.done <- commitResult{res: results[i]}
+		p.done <- commitResult[R]{res: results[i]}
 	}
 }
 
 // commit runs one transaction; decided is called when only its commit is
 // left, so the next group can be decided while this one waits for its flush.
-func (c *committer) commit(batch []*pendingItem, decided func()) ([]store.Result, error) {
-	items := make([]store.BatchItem, len(batch))
+func (c *committer[I, R]) commit(batch []*pendingItem[I, R], decided func()) ([]R, error) {
+	items := make([]I, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
 	}
@@ -217,21 +242,21 @@ func (c *committer) commit(batch []*pendingItem, decided func()) ([]store.Result
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	start := time.Now()
-	results, err := c.st.IngestBatchCommitting(ctx, items, decided)
-	c.metrics.commitDuration.Observe(time.Since(start).Seconds())
+	results, err := c.commitBatch(ctx, items, decided)
+	c.duration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("group commit of %d items: %w", len(items), err)
 	}
 	if len(results) != len(items) {
 		return nil, fmt.Errorf("group commit: %d results for %d items", len(results), len(items))
 	}
-	c.metrics.commitSize.Observe(float64(len(items)))
+	c.size.Observe(float64(len(items)))
 	return results, nil
 }
 
 // close stops taking new items, commits everything already queued and
 // waits for in-flight flushes. Call it after the HTTP server has drained.
-func (c *committer) close() {
+func (c *committer[I, R]) close() {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

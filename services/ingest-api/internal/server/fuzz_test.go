@@ -16,6 +16,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 )
 
 // FuzzHTTP drives the API's handler in process, against a real database,
@@ -258,7 +259,7 @@ func (a fuzzAnswer) check(t *testing.T, kind answerKind, secrets ...string) {
 			if r.CorrelationID != corr {
 				t.Fatalf("item correlation id %q, header %q", r.CorrelationID, corr)
 			}
-			checkOutcome(t, r.Status, r.answer, a.body)
+			checkOutcome(t, r.Status, r.Answer, a.body)
 		}
 	case kindPage:
 		var p streamPage
@@ -276,7 +277,7 @@ func (a fuzzAnswer) check(t *testing.T, kind answerKind, secrets ...string) {
 			}
 		}
 	case kindState:
-		var s streamState
+		var s wire.StreamState
 		if err := strict(a.body, &s); err != nil || s.Cursor < 0 || s.ReplayFloor < 0 {
 			t.Fatalf("stream state %q: %v", a.body, err)
 		}
@@ -300,7 +301,7 @@ func checkOutcome(t *testing.T, status int, a answer, body []byte) {
 			t.Fatalf("status %d with %s: %s", status, a.Outcome, body)
 		}
 	case outcomeRefused:
-		want, ok := contractStatus[a.Reason]
+		want, ok := contractStatus[string(a.Reason)]
 		if !ok || want != status || a.Cursor != nil {
 			t.Fatalf("status %d refused/%q (contract: %d, known %v): %s", status, a.Reason, want, ok, body)
 		}
@@ -324,7 +325,7 @@ func sameAnswer(t *testing.T, kind answerKind, a, b fuzzAnswer) {
 		}
 		var ans answer
 		_ = strict(x.body, &ans)
-		return []batchResult{{answer: ans, Status: x.status}}
+		return []batchResult{{Answer: ans, Status: x.status}}
 	}
 	if a.status != b.status && !(kind == kindBatch && a.status == http.StatusOK) {
 		t.Fatalf("repeat answered %d, first %d:\n%s\n%s", b.status, a.status, a.body, b.body)

@@ -336,13 +336,13 @@ func batchBody(items ...[]byte) []byte {
 func wantAnswer(t testing.TB, r resp, status int, outcome, reason string, wantCursor int64) answer {
 	t.Helper()
 	a := r.answer(t)
-	if r.status != status || a.Outcome != outcome || a.Reason != reason {
+	if r.status != status || string(a.Outcome) != outcome || string(a.Reason) != reason {
 		t.Fatalf("got %d %s/%s, want %d %s/%s (body %s)", r.status, a.Outcome, a.Reason, status, outcome, reason, r.body)
 	}
 	if a.CorrelationID == "" || r.header.Get("X-Correlation-Id") != a.CorrelationID {
 		t.Fatalf("correlation id %q, header %q", a.CorrelationID, r.header.Get("X-Correlation-Id"))
 	}
-	if outcome == outcomeRefused {
+	if outcome == string(outcomeRefused) {
 		if a.Cursor != nil {
 			t.Fatalf("refusal carries a cursor: %s", r.body)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -78,10 +79,10 @@ type decision struct {
 	refusal *answer
 }
 
-func refusalDecision(actor store.Actor, project, eventIdentity, reason string) decision {
+func refusalDecision(actor store.Actor, project, eventIdentity string, reason wire.Reason) decision {
 	return decision{
 		item: store.BatchItem{Actor: actor, Refusal: &store.AuditEntry{
-			ProjectID: project, EventIdentity: eventIdentity, Outcome: outcomeRefused, Reason: reason,
+			ProjectID: project, EventIdentity: eventIdentity, Outcome: string(outcomeRefused), Reason: string(reason),
 		}},
 		refusal: &answer{Outcome: outcomeRefused, Reason: reason, EventIdentity: eventIdentity},
 	}
@@ -110,7 +111,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 	if err != nil {
 		reason := reasonInvalidEnvelope
 		if r, ok := envelope.ReasonOf(err); ok {
-			reason = string(r)
+			reason = wire.Reason(r)
 		}
 		return refusalDecision(actor, "", "", reason), nil
 	}
@@ -185,7 +186,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 	if err := env.Validate(now, s.cfg.ReplayWindow); err != nil {
 		reason := reasonInvalidEnvelope
 		if r, ok := envelope.ReasonOf(err); ok {
-			reason = string(r)
+			reason = wire.Reason(r)
 		}
 		return refusalDecision(actor, project, eid, reason), nil
 	}
@@ -226,7 +227,7 @@ func answerOf(d decision, r store.Result) answer {
 	if d.refusal != nil {
 		return *d.refusal
 	}
-	a := answer{Outcome: string(r.Outcome), EventIdentity: r.EventIdentity}
+	a := answer{Outcome: wire.Outcome(r.Outcome), EventIdentity: r.EventIdentity}
 	if a.EventIdentity == "" {
 		a.EventIdentity = d.item.Ingest.EventIdentity
 	}
@@ -236,7 +237,7 @@ func answerOf(d decision, r store.Result) answer {
 		a.Cursor = &cursor
 	default:
 		a.Outcome = outcomeRefused
-		a.Reason = r.Reason
+		a.Reason = wire.Reason(r.Reason)
 	}
 	return a
 }
@@ -269,7 +270,7 @@ func (s *Server) postEnvelope(c echo.Context) error {
 	st := state(c)
 	actor := actorOf(id, st.correlationID)
 
-	values := c.Request().Header.Values("Idempotency-Key")
+	values := c.Request().Header.Values(wire.HeaderIdempotencyKey)
 	idem := idempotencyHeader{present: len(values) > 0, values: values}
 	var dec decision
 	var err error
@@ -315,7 +316,7 @@ func (s *Server) postBatch(c echo.Context) error {
 	actor := actorOf(id, st.correlationID)
 
 	// Whole-request refusals after the limiter are audited once.
-	wholeRefusal := func(reason string) error {
+	wholeRefusal := func(reason wire.Reason) error {
 		dec := refusalDecision(actor, "", "", reason)
 		if _, err := s.commit.submit(ctx, dec.item); err != nil {
 			return s.storeFailure(c, opError{"audit", err})
@@ -376,8 +377,8 @@ func (s *Server) postBatch(c echo.Context) error {
 			a = answer{Outcome: outcomeRefused, Reason: reasonRateLimited}
 		}
 		a.CorrelationID = st.correlationID
-		s.metrics.envelopes.WithLabelValues(a.Outcome, a.Reason).Inc()
-		results[i] = batchResult{answer: a, Status: statusOf(a.Reason)}
+		s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
+		results[i] = batchResult{Answer: a, Status: statusOf(a.Reason)}
 	}
 	st.outcome, st.reason, st.items = "batch", "", len(results)
 	writeJSON(c, http.StatusOK, batchAnswer{Results: results})

@@ -190,7 +190,7 @@ func TestRefusalsAndPrecedence(t *testing.T) {
 		before := len(f.audit())
 		r := f.do(req{method: http.MethodPost, path: "/v1/envelopes", token: tc.token, body: tc.body, header: tc.header})
 		a := r.answer(t)
-		if r.status != tc.status || a.Outcome != tc.outcome || a.Reason != tc.reason {
+		if r.status != tc.status || string(a.Outcome) != tc.outcome || string(a.Reason) != tc.reason {
 			t.Errorf("%s: got %d %s/%s, want %d %s/%s", tc.name, r.status, a.Outcome, a.Reason, tc.status, tc.outcome, tc.reason)
 			continue
 		}
@@ -324,8 +324,8 @@ func TestConcurrentDuplicates(t *testing.T) {
 	counts := map[string]int{}
 	for range n {
 		r := <-results
-		a := wantAnswer(t, r, 200, r.answer(t).Outcome, "", 1)
-		counts[a.Outcome]++
+		a := wantAnswer(t, r, 200, string(r.answer(t).Outcome), "", 1)
+		counts[string(a.Outcome)]++
 	}
 	if counts["accepted"] != 1 || counts["duplicate"] != n-1 {
 		t.Fatalf("outcomes %v", counts)

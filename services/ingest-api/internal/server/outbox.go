@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
@@ -125,8 +127,127 @@ func newOutboundEventID() string {
 	return "ob-" + hex.EncodeToString(b[:])
 }
 
+// outboxSigner is a tenant's outbound signing key, looked up once a request.
+type outboxSigner struct {
+	keyID string
+	priv  ed25519.PrivateKey
+}
+
+// signer looks up the tenant's outbound key; ok is false for a tenant
+// without one (no_signing_key), err a failing key source (503).
+func (s *Server) signer(ctx context.Context, tenant string) (outboxSigner, bool, error) {
+	keyID, priv, err := s.keys.Key(ctx, tenant)
+	if errors.Is(err, outboundkeys.ErrNoKey) {
+		return outboxSigner{}, false, nil
+	}
+	if err != nil {
+		return outboxSigner{}, false, err
+	}
+	return outboxSigner{keyID: keyID, priv: priv}, true, nil
+}
+
+// enqueueItem is the store's item for one checked request. Build runs inside
+// the store's transaction, once the sequence is known, and again if that
+// transaction is rerun; each run makes a new event_id, and only the
+// committed one is ever seen.
+func enqueueItem(actor store.Actor, producer string, r outboxRequest, jcs []byte, sg outboxSigner, issuedAt time.Time) store.EnqueueItem {
+	return store.EnqueueItem{Actor: actor, Request: store.EnqueueRequest{
+		ProjectID:         r.ProjectID,
+		ProducerID:        producer,
+		Topic:             r.Topic,
+		IdempotencyDigest: envelope.IdempotencyDigest(actor.TenantID, r.ProjectID, r.IdempotencyKey),
+		RequestDigest:     sha256.Sum256(jcs),
+		MaxAttempts:       r.MaxAttempts,
+		Build: func(seq int64) ([]byte, string, error) {
+			env, err := envelope.Sign(envelope.Draft{
+				TenantID:       actor.TenantID,
+				ProjectID:      r.ProjectID,
+				ProducerID:     producer,
+				EventID:        newOutboundEventID(),
+				IdempotencyKey: r.IdempotencyKey,
+				KeyID:          sg.keyID,
+				Sequence:       seq,
+				IssuedAt:       issuedAt,
+				Metadata:       envelope.Metadata{Kind: r.Kind},
+				Payload:        r.Payload,
+			}, sg.priv)
+			if err != nil {
+				return nil, "", err
+			}
+			return env.Canonical(), env.EventIdentity(), nil
+		},
+	}}
+}
+
+// issuedAt is an outbound envelope's issued_at: whole milliseconds are
+// enough to order a stream's envelopes in time, and a short, stable value
+// for receivers that parse it.
+func (s *Server) issuedAt() time.Time { return s.cfg.Now().UTC().Truncate(time.Millisecond) }
+
+// enqueueReply is one enqueue's answer as POST /v1/outbox gives it: a
+// refusal reason, or the status and body of a stored envelope. err is a
+// failure that is no answer (503).
+type enqueueReply struct {
+	status  int
+	reason  wire.Reason
+	outcome string // created, repeated
+	body    []byte
+}
+
+func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
+	var envErr *envelope.Error
+	switch err := a.Err; {
+	case errors.Is(err, store.ErrIdempotencyConflict):
+		return enqueueReply{reason: reasonIdempotencyConflict}, nil
+	case errors.Is(err, store.ErrNoEndpoint):
+		return enqueueReply{reason: reasonNoEndpoint}, nil
+	case errors.Is(err, store.ErrInvalid):
+		// The envelope built from the request came out unusable: a
+		// permanent answer, as below.
+		return enqueueReply{reason: reasonInvalidRequest}, nil
+	case errors.As(err, &envErr):
+		// The request fit its limits but the envelope built from it does
+		// not (it has more members and bytes than the request): a
+		// permanent answer, not a 503 to retry forever.
+		return enqueueReply{reason: reasonInvalidRequest}, nil
+	case err != nil:
+		return enqueueReply{}, err
+	}
+	res := a.Result
+	rep := enqueueReply{status: http.StatusCreated, outcome: "created"}
+	if !res.Created {
+		rep.status, rep.outcome = http.StatusOK, "repeated"
+	}
+	ids := res.MessageIDs
+	if ids == nil {
+		ids = []string{}
+	}
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return enqueueReply{}, err
+	}
+	// Written by hand so the stored envelope goes out byte for byte: it is
+	// what was signed, and a repeat must be byte-identical. A repeat after
+	// the body expired has none (§8.9). The body is left open so a batch can
+	// add its "status".
+	out := make([]byte, 0, len(res.Envelope)+len(idsJSON)+48)
+	out = append(out, `{"envelope":`...)
+	if res.PayloadExpired {
+		out = append(out, `null,"payload_expired":true`...)
+	} else {
+		out = append(out, res.Envelope...)
+	}
+	out = append(out, `,"message_ids":`...)
+	out = append(out, idsJSON...)
+	rep.body = out
+	return rep, nil
+}
+
 // postOutbox is POST /v1/outbox (contract §4): build, sign and store an
-// outbound envelope and one message per active endpoint of the topic.
+// outbound envelope and one message per active endpoint of the topic. The
+// store work goes through the outbox group commit (contract §8.6), so many
+// requests of one busy producer share a transaction and take consecutive
+// sequences in arrival order.
 func (s *Server) postOutbox(c echo.Context) error {
 	body, ok := s.readBody(c, reasonInvalidRequest)
 	if !ok {
@@ -148,98 +269,156 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return s.refuse(c, reasonInvalidRequest)
 	}
 	ctx := c.Request().Context()
-	keyID, priv, err := s.keys.Key(ctx, id.TenantID)
-	if errors.Is(err, outboundkeys.ErrNoKey) {
-		return s.refuse(c, reasonNoSigningKey)
-	}
+	sg, ok, err := s.signer(ctx, id.TenantID)
 	if err != nil {
 		return s.unavailable(c, "signing_key", err)
 	}
-
-	// Whole milliseconds: enough to order a stream's envelopes in time, and
-	// a short, stable issued_at for receivers that parse it.
-	issuedAt := s.cfg.Now().UTC().Truncate(time.Millisecond)
-	req := store.EnqueueRequest{
-		ProjectID:         r.ProjectID,
-		ProducerID:        id.DeviceID,
-		Topic:             r.Topic,
-		IdempotencyDigest: envelope.IdempotencyDigest(id.TenantID, r.ProjectID, r.IdempotencyKey),
-		RequestDigest:     sha256.Sum256(jcs),
-		MaxAttempts:       r.MaxAttempts,
-		// Build runs inside the store's transaction, once per attempt of
-		// it; each run makes a new event_id, and only the committed one is
-		// ever seen.
-		Build: func(seq int64) ([]byte, string, error) {
-			env, err := envelope.Sign(envelope.Draft{
-				TenantID:       id.TenantID,
-				ProjectID:      r.ProjectID,
-				ProducerID:     id.DeviceID,
-				EventID:        newOutboundEventID(),
-				IdempotencyKey: r.IdempotencyKey,
-				KeyID:          keyID,
-				Sequence:       seq,
-				IssuedAt:       issuedAt,
-				Metadata:       envelope.Metadata{Kind: r.Kind},
-				Payload:        r.Payload,
-			}, priv)
-			if err != nil {
-				return nil, "", err
-			}
-			return env.Canonical(), env.EventIdentity(), nil
-		},
+	if !ok {
+		return s.refuse(c, reasonNoSigningKey)
 	}
-	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	res, err := s.store.Enqueue(sctx, actorOf(id, state(c).correlationID), req)
-	cancel()
-	switch {
-	case errors.Is(err, store.ErrIdempotencyConflict):
-		return s.refuse(c, reasonIdempotencyConflict)
-	case errors.Is(err, store.ErrNoEndpoint):
-		return s.refuse(c, reasonNoEndpoint)
-	case errors.Is(err, store.ErrInvalid):
+	st := state(c)
+	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
+	a, err := s.outboxCommit.submit(ctx, item)
+	if errors.Is(err, store.ErrInvalid) {
 		// Everything the store checks was checked above, except the
 		// credential's device as a producer id.
 		return s.refuse(c, reasonInvalidRequest)
-	case err != nil:
-		var envErr *envelope.Error
-		if errors.As(err, &envErr) {
-			// The request fit its limits but the envelope built from it
-			// does not (it has more members and bytes than the request):
-			// a permanent answer, not a 503 to retry forever.
-			return s.refuse(c, reasonInvalidRequest)
-		}
+	}
+	if err != nil {
 		return s.unavailable(c, "enqueue", err)
 	}
-
-	status, outcome := http.StatusCreated, "created"
-	if !res.Created {
-		status, outcome = http.StatusOK, "repeated"
-	}
-	ids := res.MessageIDs
-	if ids == nil {
-		ids = []string{}
-	}
-	idsJSON, err := json.Marshal(ids)
+	rep, err := replyOf(a)
 	if err != nil {
-		return s.unavailable(c, "encode", err)
+		return s.unavailable(c, "enqueue", err)
 	}
-	// Written by hand so the stored envelope goes out byte for byte: it is
-	// what was signed, and a repeat must be byte-identical. A repeat after
-	// the body expired has none (§8.9).
-	out := make([]byte, 0, len(res.Envelope)+len(idsJSON)+48)
-	out = append(out, `{"envelope":`...)
-	if res.PayloadExpired {
-		out = append(out, `null,"payload_expired":true`...)
-	} else {
-		out = append(out, res.Envelope...)
+	if rep.reason != "" {
+		return s.refuse(c, rep.reason)
 	}
-	out = append(out, `,"message_ids":`...)
-	out = append(out, idsJSON...)
-	out = append(out, '}')
+	st.outcome = rep.outcome
+	s.metrics.outbox.WithLabelValues(rep.outcome).Inc()
+	return c.Blob(rep.status, echo.MIMEApplicationJSON, append(rep.body, '}'))
+}
+
+// postOutboxBatch is POST /v1/outbox/batch (contract §8.5): 1–100 bodies of
+// POST /v1/outbox, answered per item, in order, as if sent one by one, all
+// committed in one transaction (store.EnqueueBatch) or none (503).
+//
+// Order: the body limit, the peer limiter, authentication and the first
+// outbox-limiter token (a refusal is the whole request's 429), the role
+// check, then the wrapper (not {"messages":[…]} of 1–100 items: 400
+// invalid_request, nothing stored). Items 2…n each take a token; from the
+// first refused one on, the rest are answered rate_limited (429) and the
+// ones before are processed. Each item is then checked as POST /v1/outbox
+// checks its body (400 invalid_request, 422 no_signing_key).
+func (s *Server) postOutboxBatch(c echo.Context) error {
+	body, ok := s.readBody(c, reasonInvalidRequest)
+	if !ok {
+		return nil
+	}
+	id, ok := s.admit(c)
+	if !ok {
+		return nil
+	}
+	ctx := c.Request().Context()
+	d, err := s.takeOutbox(ctx, id)
+	if !s.spend(c, limiterOutbox, d, err) {
+		return nil
+	}
+	if id.Role != store.RoleService {
+		return s.refuse(c, reasonForbidden)
+	}
+	raws, err := envelope.SplitOutboxBatch(body)
+	if err != nil {
+		if r, _ := envelope.ReasonOf(err); r == envelope.ReasonBodyTooLarge {
+			return s.refuse(c, reasonBodyTooLarge)
+		}
+		return s.refuse(c, reasonInvalidRequest)
+	}
+	processed := len(raws)
+	for i := 1; i < len(raws); i++ {
+		d, err := s.takeOutbox(ctx, id)
+		if err != nil {
+			return s.unavailable(c, limiterOutbox+"_limiter", err)
+		}
+		if !d.Allowed {
+			s.metrics.limiterRefused.WithLabelValues(limiterOutbox).Inc()
+			processed = i
+			break
+		}
+	}
+
 	st := state(c)
-	st.outcome = outcome
-	s.metrics.outbox.WithLabelValues(outcome).Inc()
-	return c.Blob(status, echo.MIMEApplicationJSON, out)
+	actor := actorOf(id, st.correlationID)
+	sg, hasKey, err := s.signer(ctx, id.TenantID)
+	if err != nil {
+		return s.unavailable(c, "signing_key", err)
+	}
+	replies := make([]enqueueReply, len(raws))
+	var items []store.EnqueueItem
+	var itemOf []int // replies index of each store item
+	issuedAt := s.issuedAt()
+	for i, raw := range raws {
+		switch r, jcs, ok := parseOutboxRequest(raw); {
+		case i >= processed:
+			replies[i].reason = reasonRateLimited
+		case !ok:
+			replies[i].reason = reasonInvalidRequest
+		case !hasKey:
+			replies[i].reason = reasonNoSigningKey
+		default:
+			items = append(items, enqueueItem(actor, id.DeviceID, r, jcs, sg, issuedAt))
+			itemOf = append(itemOf, i)
+		}
+	}
+	if len(items) > 0 {
+		// Detached from the request: once sent, the transaction decides for
+		// every item, and a client gone meanwhile must not leave it half
+		// answered (it commits or it does not).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
+		answers, err := s.store.EnqueueBatch(cctx, items)
+		cancel()
+		if err == nil && len(answers) != len(items) {
+			err = errors.New("store returned an answer count unlike the item count")
+		}
+		if errors.Is(err, store.ErrInvalid) {
+			return s.refuse(c, reasonInvalidRequest) // as in postOutbox: the credential's device
+		}
+		if err != nil {
+			return s.unavailable(c, "enqueue_batch", err)
+		}
+		for j, a := range answers {
+			if replies[itemOf[j]], err = replyOf(a); err != nil {
+				return s.unavailable(c, "enqueue_batch", err)
+			}
+		}
+	}
+
+	out := make([]byte, 0, 64*len(replies))
+	out = append(out, `{"results":[`...)
+	for i, rep := range replies {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		if rep.reason != "" {
+			b, err := json.Marshal(batchResult{
+				Answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID},
+				Status: statusOf(rep.reason),
+			})
+			if err != nil {
+				return s.unavailable(c, "encode", err)
+			}
+			out = append(out, b...)
+			continue
+		}
+		s.metrics.outbox.WithLabelValues(rep.outcome).Inc()
+		out = append(out, rep.body...)
+		out = append(out, `,"status":`...)
+		out = strconv.AppendInt(out, int64(rep.status), 10)
+		out = append(out, '}')
+	}
+	out = append(out, "]}"...)
+	st.outcome, st.reason, st.items = "batch", "", len(replies)
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, out)
 }
 
 // outboxStatus is the contract's message status object; null for what is
@@ -302,6 +481,64 @@ func (s *Server) getOutboxMessage(c echo.Context) error {
 	}
 	state(c).outcome = "read"
 	writeJSON(c, http.StatusOK, statusBody(m))
+	return nil
+}
+
+// attemptEntry is one entry of GET /v1/outbox/{id}/attempts (contract
+// §8.8); null for no answer and no code.
+type attemptEntry struct {
+	Attempt    int     `json:"attempt"`
+	StartedAt  string  `json:"started_at"`
+	DurationMS int64   `json:"duration_ms"`
+	HTTPStatus *int    `json:"http_status"`
+	ErrorCode  *string `json:"error_code"`
+	Result     string  `json:"result"`
+}
+
+type attemptsBody struct {
+	Attempts []attemptEntry `json:"attempts"`
+}
+
+func attemptsAnswer(as []store.Attempt) attemptsBody {
+	out := attemptsBody{Attempts: make([]attemptEntry, 0, len(as))}
+	for _, a := range as {
+		e := attemptEntry{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+			Result: string(a.Result)}
+		if a.HTTPStatus != 0 {
+			status := a.HTTPStatus
+			e.HTTPStatus = &status
+		}
+		if a.ErrorCode != "" {
+			code := a.ErrorCode
+			e.ErrorCode = &code
+		}
+		out.Attempts = append(out.Attempts, e)
+	}
+	return out
+}
+
+// getOutboxAttempts is GET /v1/outbox/{message_id}/attempts: the message's
+// latest store.MaxAttemptHistory attempts, oldest first, for the same
+// credentials and with the same refusals as GET /v1/outbox/{message_id}.
+func (s *Server) getOutboxAttempts(c echo.Context) error {
+	id, ok := s.admit(c)
+	if !ok {
+		return nil
+	}
+	if id.Role != store.RoleService && id.Role != store.RoleOperator {
+		return s.refuse(c, reasonForbidden)
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	as, err := s.store.OutboxAttempts(ctx, id.TenantID, c.Param("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		return s.refuse(c, reasonNotFound)
+	}
+	if err != nil {
+		return s.unavailable(c, "outbox_attempts", err)
+	}
+	state(c).outcome = "read"
+	writeJSON(c, http.StatusOK, attemptsAnswer(as))
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -106,7 +107,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		// Deferred, so a body's reservation is given back on every path:
 		// an answer, an error, a panic, a client gone.
 		defer func() { s.bodies.release(st.bodyHeld) }()
-		c.Response().Header().Set("X-Correlation-Id", st.correlationID)
+		c.Response().Header().Set(wire.HeaderCorrelationID, st.correlationID)
 
 		err := next(c)
 		if err != nil {

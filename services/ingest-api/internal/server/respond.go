@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -33,23 +34,23 @@ func writeJSON(c echo.Context, status int, v any) {
 func (s *Server) writeAnswer(c echo.Context, a answer) {
 	st := state(c)
 	a.CorrelationID = st.correlationID
-	st.outcome, st.reason = a.Outcome, a.Reason
-	s.metrics.envelopes.WithLabelValues(a.Outcome, a.Reason).Inc()
+	st.outcome, st.reason = string(a.Outcome), string(a.Reason)
+	s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
 	writeJSON(c, statusOf(a.Reason), a)
 }
 
 // writeRefusal answers a refusal with the contract's refusal body.
-func (s *Server) writeRefusal(c echo.Context, status int, reason string) {
+func (s *Server) writeRefusal(c echo.Context, status int, reason wire.Reason) {
 	st := state(c)
-	st.outcome, st.reason = outcomeRefused, reason
+	st.outcome, st.reason = string(outcomeRefused), string(reason)
 	if status == http.StatusServiceUnavailable {
-		c.Response().Header().Set("Retry-After", "1")
+		c.Response().Header().Set(wire.HeaderRetryAfter, "1")
 	}
 	writeJSON(c, status, answer{Outcome: outcomeRefused, Reason: reason, CorrelationID: st.correlationID})
 }
 
 // refuse answers reason with its contract status.
-func (s *Server) refuse(c echo.Context, reason string) error {
+func (s *Server) refuse(c echo.Context, reason wire.Reason) error {
 	s.writeRefusal(c, statusOf(reason), reason)
 	return nil
 }
@@ -57,7 +58,7 @@ func (s *Server) refuse(c echo.Context, reason string) error {
 // rateLimited answers 429 with Retry-After in whole seconds.
 func (s *Server) rateLimited(c echo.Context, policy string, retryAfterSeconds int64) error {
 	s.metrics.limiterRefused.WithLabelValues(policy).Inc()
-	c.Response().Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds, 10))
+	c.Response().Header().Set(wire.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds, 10))
 	return s.refuse(c, reasonRateLimited)
 }
 

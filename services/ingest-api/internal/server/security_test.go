@@ -109,7 +109,7 @@ func TestBruteForceStoppedBeforeVerification(t *testing.T) {
 			t.Fatalf("guess %d within the peer budget: %d %s, want 503 (it must reach verification)", i, r.status, r.body)
 		}
 		if i >= budget {
-			wantRefusal(t, r, http.StatusTooManyRequests, reasonRateLimited)
+			wantRefusal(t, r, http.StatusTooManyRequests, string(reasonRateLimited))
 			if r.header.Get("Retry-After") == "" {
 				t.Fatal("429 without Retry-After")
 			}
@@ -199,14 +199,14 @@ func TestRevocationWithinCacheTTL(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		wantRefusal(t, r, http.StatusUnauthorized, reasonUnauthenticated)
+		wantRefusal(t, r, http.StatusUnauthorized, string(reasonUnauthenticated))
 		delay = time.Since(revoked)
 		break
 	}
 	// Once refused, it stays refused: failures are never cached, and
 	// nothing re-admits it.
 	for range 5 {
-		wantRefusal(t, f.get(tok, path), http.StatusUnauthorized, reasonUnauthenticated)
+		wantRefusal(t, f.get(tok, path), http.StatusUnauthorized, string(reasonUnauthenticated))
 	}
 	t.Logf("revoked credential served %d more times from the cache; first 401 after %v (TTL %v)", served, delay.Round(time.Millisecond), ttl)
 }

@@ -136,8 +136,19 @@
 // parsing and no database work, and a credential of the wrong role is
 // limited like any other; it is a limiter of its own (OUTBOX_LIMIT_TOKENS
 // per OUTBOX_LIMIT_INTERVAL, by default the SYNC_LIMIT_* values), so
-// enqueues never spend sync-ingest tokens or the reverse. A batch route
-// takes one token per message with takeOutbox. Enqueues are not audited:
+// enqueues never spend sync-ingest tokens or the reverse. Enqueues go
+// through their own group commit (outboxCommit, contract §8.6): concurrent
+// requests of any stream share one store.EnqueueBatch transaction, a
+// stream's new envelopes take consecutive sequences in arrival order, and
+// each is signed once its sequence is allocated, inside that transaction.
+// POST /v1/outbox/batch (contract §8.5) takes {"messages":[…]} of 1–100
+// bodies (a malformed wrapper, or a count outside that, is the whole
+// request's 400 invalid_request; the body limit is the request's), one
+// outbox-limiter token per message (the first refused: the whole request's
+// 429; a later one: that and every following item rate_limited), and
+// answers 200 {"results":[…]}: each item's POST /v1/outbox answer plus
+// "status", as if sent one by one, all committed in one transaction or the
+// whole request is 503. Enqueues are not audited:
 // the outbound envelope, its sequence and its messages are the record;
 // replays are audited (outcome replayed, by the store, in the replay's
 // transaction).
@@ -148,6 +159,10 @@
 // invalid_page) and POST /v1/dead-letters/{message_id}/replay (operator; 409
 // not_dead) take the tenant from the credential: another tenant's message id
 // is 404 not_found, like an unknown one. Unset status fields are null.
+// GET /v1/outbox/{message_id}/attempts (service or operator, contract §8.8)
+// answers as GET /v1/outbox/{message_id} does for unknown and foreign ids,
+// and otherwise the latest 100 attempts, oldest first (an empty list for a
+// message never attempted).
 //
 // # Other answers
 //
@@ -181,6 +196,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
@@ -287,10 +303,12 @@ type Server struct {
 	bodies  *bodyBudget
 	// activeKeys lets the single route skip the key lookup (see keys.go).
 	activeKeys *activeKeys
-	commit     *committer
-	keys       outboundkeys.Source
-	ready      *store.Readiness
-	echo       *echo.Echo
+	commit     *committer[store.BatchItem, store.Result]
+	// outboxCommit is the group commit of POST /v1/outbox (contract §8.6).
+	outboxCommit *committer[store.EnqueueItem, store.EnqueueAnswer]
+	keys         outboundkeys.Source
+	ready        *store.Readiness
+	echo         *echo.Echo
 }
 
 // New builds the server over st. Metrics register on reg (use a private
@@ -331,6 +349,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.outboxCommit = newOutboxCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()
 	return s, nil
 }
@@ -343,6 +362,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // store.
 func (s *Server) Close(ctx context.Context) error {
 	s.commit.close()
+	s.outboxCommit.close()
 	return errors.Join(s.peer.Close(ctx), s.sync.Close(ctx), s.outbox.Close(ctx))
 }
 
@@ -359,13 +379,16 @@ func (s *Server) routes() *echo.Echo {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 
+	// The producer routes' paths are the wire package's, which producers post to.
+	e.POST(wire.RouteEnvelopes, s.postEnvelope)
+	e.POST(wire.RouteBatch, s.postBatch)
 	v1 := e.Group("/v1")
-	v1.POST("/envelopes", s.postEnvelope)
-	v1.POST("/envelopes/batch", s.postBatch)
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
 	v1.POST("/outbox", s.postOutbox)
+	v1.POST("/outbox/batch", s.postOutboxBatch)
 	v1.GET("/outbox/:id", s.getOutboxMessage)
+	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
 	return e

@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -32,11 +33,6 @@ func validIdentity(s string) bool {
 	return true
 }
 
-type streamState struct {
-	Cursor      int64 `json:"cursor"`
-	ReplayFloor int64 `json:"replay_floor"`
-}
-
 // getStream serves a device its own stream's cursor and replay floor.
 func (s *Server) getStream(c echo.Context) error {
 	id, ok := s.admit(c)
@@ -58,7 +54,7 @@ func (s *Server) getStream(c echo.Context) error {
 	}
 	st := state(c)
 	st.outcome = "read"
-	writeJSON(c, http.StatusOK, streamState{Cursor: ss.Cursor, ReplayFloor: ss.ReplayFloor})
+	writeJSON(c, http.StatusOK, wire.StreamState{Cursor: ss.Cursor, ReplayFloor: ss.ReplayFloor})
 	return nil
 }
 

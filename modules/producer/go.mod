@@ -1,0 +1,15 @@
+module github.com/envelopeworker/envelopeworker/modules/producer
+
+go 1.26
+
+require (
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/hashicorp/go-retryablehttp v0.7.8
+)
+
+require (
+	filippo.io/edwards25519 v1.1.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+)
+
+replace github.com/envelopeworker/envelopeworker/modules/envelope => ../envelope
