@@ -537,10 +537,10 @@ func TestOutboundRetentionRolesCanDoTheirJob(t *testing.T) {
 		t.Fatalf("claim: %d, %v", len(cs), err)
 	}
 	for _, c := range cs {
+		// The settle records attempt 1, the row the janitor may delete.
 		if err := delivery.MarkDead(ctx, "t1", c.MessageID, c.Attempt, store.CodeHTTP4xx, false); err != nil {
 			t.Fatal(err)
 		}
-		f.addAttempts("t1", c.MessageID, 1)
 	}
 	// ids[0]'s body back in the old column: not moved yet.
 	if _, err := f.admin.Exec(`UPDATE outbound_envelopes o SET envelope = b.envelope FROM outbound_bodies b, outbox_messages m
