@@ -174,6 +174,17 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 		fmt.Sprint(rep.MessageIDs) != fmt.Sprint(res.MessageIDs) {
 		t.Fatalf("repeat after expiry: %+v, %v; want payload expired, the original ids", rep, err)
 	}
+	// POST /v1/outbox/batch answers each such item the same way.
+	as, err := s.EnqueueBatch(ctx, []store.EnqueueItem{{actor("t1", "svc1"), o.request()}, {actor("t1", "svc1"), o.request()}})
+	if err != nil || len(as) != 2 {
+		t.Fatalf("batch of repeats after expiry: %+v, %v", as, err)
+	}
+	for i, a := range as {
+		if a.Err != nil || a.Result.Created || !a.Result.PayloadExpired || a.Result.Envelope != nil ||
+			fmt.Sprint(a.Result.MessageIDs) != fmt.Sprint(res.MessageIDs) {
+			t.Fatalf("batch item %d after expiry: %+v, %v; want payload expired, the original ids", i, a.Result, a.Err)
+		}
+	}
 	other := o
 	other.body = `{"x":2}`
 	_, err = s.Enqueue(ctx, actor("t1", "svc1"), other.request())
