@@ -750,6 +750,12 @@ func TestOutboxAfterPayloadExpiry(t *testing.T) {
 	if string(rep.Envelope) != "null" || !rep.PayloadExpired || !slices.Equal(rep.MessageIDs, a.MessageIDs) {
 		t.Fatalf("repeat after expiry: %s", r.body)
 	}
+	// The batch route answers such an item the same way, with its status.
+	items := o.batchResults(o.postOutboxBatch(o.service, outboxBatchBody(outboxBody("k-1", ""))))
+	if len(items) != 1 || string(items[0].Envelope) != "null" || !items[0].PayloadExpired ||
+		!slices.Equal(items[0].MessageIDs, a.MessageIDs) || items[0].Status != http.StatusOK {
+		t.Fatalf("batch repeat after expiry: %+v", items)
+	}
 	wantRefusal(t, o.postOutbox(o.service, outboxBody("k-1", "other")), 422, "idempotency_conflict")
 	wantRefusal(t, o.do(req{method: http.MethodPost, path: "/v1/dead-letters/" + a.MessageIDs[0] + "/replay", token: o.operator}),
 		409, "payload_expired")
