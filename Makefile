@@ -16,8 +16,8 @@ down: ## stop what `make up` started
 test: ## vet, race-enabled tests and a short fuzz pass of every module, against a real PostgreSQL
 	scripts/test.sh
 
-fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, producer answers, ingest-api HTTP, webhook signer and sink
-	FUZZTIME=$${FUZZTIME:-10m} MODULES="$${MODULES:-modules/envelope modules/producer services/ingest-api services/delivery-worker tools}" scripts/test.sh
+fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, producer answers, ingest-api HTTP, webhook signer, sink and receiver
+	FUZZTIME=$${FUZZTIME:-10m} MODULES="$${MODULES:-modules/envelope modules/producer modules/receiver services/ingest-api services/delivery-worker tools}" scripts/test.sh
 
 lint: ## go vet and gofmt over every module
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

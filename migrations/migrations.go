@@ -237,3 +237,78 @@ func Version(ctx context.Context, db *sql.DB) (int, error) {
 	}
 	return v, nil
 }
+
+// State is how one migration stands between this build and a database.
+type State string
+
+const (
+	StateApplied  State = "applied"  // applied, and the same text as the embedded file
+	StatePending  State = "pending"  // embedded, not applied: Apply would run it
+	StateModified State = "modified" // applied, but the embedded file differs: Apply refuses (ErrChecksum)
+	StateNewer    State = "newer"    // applied by a later release; this build does not embed it
+)
+
+// StatusEntry is one migration in Status: Embedded* from this build's files,
+// Applied* from schema_migrations (empty and nil when not applied).
+type StatusEntry struct {
+	Version          int
+	Name             string
+	State            State
+	EmbeddedChecksum string
+	AppliedChecksum  string
+	AppliedAt        *time.Time
+}
+
+// Status compares the embedded migrations with what schema_migrations records,
+// in version order, without changing anything: what Apply would run is the
+// StatePending entries. A database never migrated has every file pending.
+func Status(ctx context.Context, db *sql.DB) ([]StatusEntry, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx,
+		`SELECT to_regclass('schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrations: status: %w", err)
+	}
+	type row struct {
+		name, sum string
+		at        time.Time
+	}
+	applied := map[int]row{}
+	if exists {
+		rows, err := db.QueryContext(ctx, `SELECT version, name, checksum, applied_at FROM schema_migrations`)
+		if err != nil {
+			return nil, fmt.Errorf("migrations: status: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v int
+			var r row
+			if err := rows.Scan(&v, &r.name, &r.sum, &r.at); err != nil {
+				return nil, fmt.Errorf("migrations: status: %w", err)
+			}
+			applied[v] = r
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("migrations: status: %w", err)
+		}
+	}
+	var out []StatusEntry
+	for _, m := range loaded {
+		e := StatusEntry{Version: m.Version, Name: m.Name, State: StatePending, EmbeddedChecksum: m.Checksum}
+		if r, ok := applied[m.Version]; ok {
+			at := r.at
+			e.AppliedChecksum, e.AppliedAt, e.State = r.sum, &at, StateApplied
+			if r.sum != m.Checksum {
+				e.State = StateModified
+			}
+			delete(applied, m.Version)
+		}
+		out = append(out, e)
+	}
+	var later []StatusEntry
+	for v, r := range applied {
+		at := r.at
+		later = append(later, StatusEntry{Version: v, Name: r.name, State: StateNewer, AppliedChecksum: r.sum, AppliedAt: &at})
+	}
+	sort.Slice(later, func(i, j int) bool { return later[i].Version < later[j].Version })
+	return append(out, later...), nil
+}

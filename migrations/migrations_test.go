@@ -379,3 +379,55 @@ func TestApplyOnNewerSchema(t *testing.T) {
 		t.Fatalf("Apply after an edit, on a newer schema = %v, want ErrChecksum", err)
 	}
 }
+
+// Status reads without writing: on a fresh database everything is pending and no schema_migrations
+// table appears; after Apply everything is applied with equal checksums; an edited row is modified
+// and a later release's row is newer, after the embedded ones.
+func TestStatus(t *testing.T) {
+	db := open(t, freshDB(t))
+	ctx := context.Background()
+	st, err := Status(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != Latest() || st[0].State != StatePending || st[0].EmbeddedChecksum != All()[0].Checksum || st[0].AppliedAt != nil {
+		t.Fatalf("status of a fresh database: %+v", st)
+	}
+	if v, err := Version(ctx, db); err != nil || v != 0 {
+		t.Fatalf("Status wrote: version %d, %v", v, err)
+	}
+	if _, err := Apply(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE schema_migrations SET checksum = 'edited' WHERE version = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'later.sql', 'x')`, Latest()+1); err != nil {
+		t.Fatal(err)
+	}
+	st, err = Status(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != Latest()+1 {
+		t.Fatalf("status: %d entries", len(st))
+	}
+	for i, e := range st {
+		want := StateApplied
+		switch {
+		case i == 1:
+			want = StateModified
+		case i == Latest():
+			want = StateNewer
+		}
+		if e.State != want || e.Version != i+1 || e.AppliedAt == nil {
+			t.Errorf("entry %d: %+v, want state %s", i, e, want)
+		}
+		if want == StateApplied && e.AppliedChecksum != e.EmbeddedChecksum {
+			t.Errorf("entry %d: checksums differ: %+v", i, e)
+		}
+	}
+	if last := st[Latest()]; last.Name != "later.sql" || last.EmbeddedChecksum != "" {
+		t.Errorf("newer entry: %+v", last)
+	}
+}

@@ -7,6 +7,7 @@ require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
@@ -52,6 +53,7 @@ replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../migrations
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../modules/envelope
 	github.com/envelopeworker/envelopeworker/modules/producer => ../modules/producer
+	github.com/envelopeworker/envelopeworker/modules/receiver => ../modules/receiver
 	github.com/envelopeworker/envelopeworker/modules/redact => ../modules/redact
 	github.com/envelopeworker/envelopeworker/modules/store => ../modules/store
 )

@@ -421,6 +421,14 @@ func deadCursor(d DeadLetter) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(d.DeadAt.UnixMicro(), 10) + "." + d.MessageID))
 }
 
+// DeadLetterCursorAt is the ListDeadLetters cursor whose next page starts at
+// the first dead letter that died at or after t: the position just past
+// every message that died a microsecond earlier (dead_at has microsecond
+// precision, and no message id sorts after the largest one).
+func DeadLetterCursorAt(t time.Time) string {
+	return deadCursor(DeadLetter{DeadAt: t.Truncate(time.Microsecond).Add(-time.Microsecond), MessageID: "msg_ffffffffffffffffffffffff"})
+}
+
 func parseDeadCursor(c string) (time.Time, string, bool) {
 	if len(c) > 128 {
 		return time.Time{}, "", false

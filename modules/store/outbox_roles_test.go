@@ -83,7 +83,11 @@ var outboxRefused = map[string][]string{
 		`INSERT INTO secret_ref_owners (secret_ref, tenant_id) VALUES ('r', 't')`,
 		`UPDATE secret_ref_owners SET tenant_id = 't'`,
 		`DELETE FROM secret_ref_owners`,
-		`UPDATE endpoints SET secret_ref = 'other'`,
+		// URL and secret ref may move (0010, endpoint update, through the owners
+		// trigger); an endpoint's identity may not
+		`UPDATE endpoints SET topic = 'other'`,
+		`UPDATE endpoints SET tenant_id = 'other'`,
+		`UPDATE endpoints SET project_id = 'other'`,
 		// clears a body's expiry on replay; never reads or deletes a body (0008)
 		`SELECT envelope FROM outbound_bodies`,
 		`UPDATE outbound_bodies SET envelope = '\x00'`,

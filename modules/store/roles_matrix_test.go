@@ -91,7 +91,7 @@ var grantMatrix = map[string]struct {
 			"credentials":     {"revoked_at", "status"},
 			"producer_keys":   {"retired_at", "revoked_at", "state"},
 			"streams":         {"cursor", "replay_floor", "updated_at"},
-			"endpoints":       {"disabled_reason", "state", "updated_at"},
+			"endpoints":       {"disabled_reason", "secret_ref", "state", "updated_at", "url"},
 		},
 		selects: map[string][]string{
 			"outbound_bodies": {"event_identity", "expires_at", "tenant_id"},

@@ -41,3 +41,8 @@ func decodeEventIdentity(s string) ([]byte, bool) {
 	b, err := hex.DecodeString(s)
 	return b, err == nil
 }
+
+// ValidCode reports whether code has the form of an outcome, reason or error
+// code (a-z 0-9 _, starting with a letter, at most 64 bytes), so a filter
+// can be refused before it is sent.
+func ValidCode(code string) bool { return codeRE.MatchString(code) }

@@ -3,5 +3,7 @@
 // fresh test database, and drives them with envctl (in-process) and the load generator. It has only
 // tests; it exists because the tools module may not import services, yet `envctl send` and
 // loadgen-ingest are only right if the real service agrees. upgrade_test.go runs both binaries on a
-// schema one version older and one newer than they were built for (contract §8.1).
+// schema one version older and one newer than they were built for (contract §8.1). receiver_test.go
+// delivers outbox messages to testreceiver, a consumer built on modules/receiver that SIGKILLs itself
+// between committing an effect and answering, and checks that every effect happens exactly once.
 package e2e

@@ -24,7 +24,8 @@ const maxSequence = 1<<53 - 1
 const maxCredentialID = 64
 
 func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--database-url URL]")
+	fs := c.flagSet(path, "[--dry-run] [--database-url URL]\n       "+path+" status [--database-url URL]   (each migration's state and checksums)")
+	dryRun := fs.Bool("dry-run", false, "print the migrations that would be applied, one JSON object a line, and apply none")
 	d := c.addDBFlags(fs, 5*time.Minute)
 	if done, code := c.parse(fs, path, args); done {
 		return code
@@ -35,6 +36,9 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
+	if *dryRun {
+		return c.migrateDryRun(cctx, path, dsn)
+	}
 	// migrate talks to the database directly rather than through store.Open: the store may expect a
 	// schema that does not exist yet.
 	db, err := sql.Open("pgx", dsn)
@@ -424,13 +428,17 @@ func orNull(s string) *string {
 	return &s
 }
 
-const maxAuditLimit = 1000
+const maxAuditLimit = store.MaxAuditLimit
 
 func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T [--project P] [--limit N]")
+	fs := c.flagSet(path, "--tenant T [--project P] [--outcome O] [--since TIME] [--until TIME] [--limit N] [--after CURSOR]")
 	fs.String("tenant", "", "tenant id (required)")
 	project := fs.String("project", "", "only rows of this project")
+	outcome := fs.String("outcome", "", "only rows with this outcome code, e.g. accepted, refused, replayed")
+	sinceText := fs.String("since", "", "only rows at or after this time (RFC 3339, e.g. 2026-01-02T15:04:05Z)")
+	untilText := fs.String("until", "", "only rows before this time (RFC 3339)")
 	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many rows, newest first (1-%d)", maxAuditLimit))
+	after := fs.String("after", "", "continue after this cursor (the next_after a previous page printed on stderr)")
 	d := c.addDBFlags(fs, time.Minute)
 	if done, code := c.parse(fs, path, args); done {
 		return code
@@ -443,15 +451,37 @@ func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
 			return c.usageError(path, "%v", err)
 		}
 	}
+	if *outcome != "" && !store.ValidCode(*outcome) {
+		return c.usageError(path, "--outcome %q is not an outcome code (a-z 0-9 _, starting with a letter)", *outcome)
+	}
 	if *limit < 1 || *limit > maxAuditLimit {
 		return c.usageError(path, "--limit %d is outside 1-%d", *limit, maxAuditLimit)
+	}
+	since, err := parseTimeFlag("since", *sinceText)
+	if err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	until, err := parseTimeFlag("until", *untilText)
+	if err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return c.usageError(path, "--since must be before --until")
+	}
+	var before int64
+	if *after != "" {
+		before, err = strconv.ParseInt(*after, 10, 64)
+		if err != nil || before < 1 {
+			return c.usageError(path, "--after is not a cursor printed by audit list")
+		}
 	}
 	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {
 		return code
 	}
 	defer cancel()
-	recs, err := s.ListAudit(cctx, store.AuditFilter{TenantID: fs.Lookup("tenant").Value.String(), ProjectID: *project, Limit: *limit})
+	recs, err := s.ListAudit(cctx, store.AuditFilter{TenantID: fs.Lookup("tenant").Value.String(), ProjectID: *project,
+		Outcome: *outcome, Since: since, Until: until, Limit: *limit, BeforeID: before})
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -466,5 +496,22 @@ func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
 			return c.failure(path, "write: %v", err)
 		}
 	}
+	// A full page may have more behind it; the cursor is the audit id, which the lines (exactly the
+	// members of contract §7.3) do not carry.
+	if len(recs) == *limit {
+		fmt.Fprintf(c.Stderr, "next_after %d\n", recs[len(recs)-1].ID)
+	}
 	return ExitOK
+}
+
+// parseTimeFlag reads an RFC 3339 time; "" is the zero time (no bound).
+func parseTimeFlag(name, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--%s %q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", name, v)
+	}
+	return t, nil
 }

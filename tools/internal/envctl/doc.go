@@ -4,22 +4,29 @@
 //
 // Commands (contract §6, plus additions marked +):
 //
-//	envctl migrate
+//	envctl migrate [--dry-run]                                           (+ --dry-run)
+//	envctl migrate status                                                (+)
 //	envctl credential issue --tenant T --account A --device D --role device|service|operator
+//	envctl credential list --tenant T [--limit N] [--after ID]           (+)
 //	envctl credential revoke --tenant T --id ID                          (+)
 //	envctl key add --tenant T --key-id K --public-key B64URL
+//	envctl key list --tenant T [--limit N] [--after K]                   (+)
 //	envctl key retire|revoke --tenant T --key-id K
 //	envctl key prune [--replay-window 2160h]
 //	envctl stream set-floor --tenant T --project P --producer D --floor N
 //	envctl stream show --tenant T --project P --producer D               (+)
-//	envctl audit list --tenant T [--project P] [--limit N]
+//	envctl audit list --tenant T [--project P] [--outcome O] [--since T] [--until T] [--limit N] [--after C]
 //	envctl send --url U --token-file F --seed-file F --file DRAFT [--batch] (+, the reference producer)
 //	envctl keygen [--seed-file F]                                        (+)
 //	envctl endpoint add --tenant T --project P --topic X --url URL --secret-ref NAME
+//	envctl endpoint list --tenant T [--project P] [--limit N] [--after E] (+)
+//	envctl endpoint update --tenant T --id E [--url URL] [--secret-ref NAME] (+)
 //	envctl endpoint enable|disable --tenant T --id E
 //	envctl endpoint show --tenant T --id E                               (+)
 //	envctl dlq list --tenant T --project P [--limit N] [--after CURSOR]
 //	envctl dlq replay --tenant T --id M [--account A]                    (+ --account)
+//	envctl dlq replay --tenant T --project P [--endpoint E] [--code C] [--since T] [--limit N]
+//	                  [--pace D] --dry-run|--yes [--account A]           (+, bulk)
 //	envctl outbox show --tenant T --id M                                 (+)
 //	envctl outbox attempts --tenant T --id M                             (§8.8)
 //	envctl verify                                                        (+)
@@ -28,7 +35,8 @@
 // Every database command reads DATABASE_URL, or --database-url, and gives up after --timeout.
 //
 // Output is for scripts: a command that creates a thing prints that thing alone on stdout (the token,
-// the public key); listings print one JSON object per line; commentary goes to stderr.
+// the public key); listings print one JSON object per line; commentary goes to stderr, including the
+// "next_after <cursor>" of a full page, which --after takes. Every command's -h ends with an example.
 //
 // A draft file for send is an envelope without "signature", read strictly (duplicate or unknown members
 // are errors, so a typo is never silently dropped from what gets signed). Two conveniences: "issued_at"

@@ -39,53 +39,93 @@ type Env struct {
 
 type cli struct {
 	Env
+	// example is the example line of the leaf command being run, shown by its -h.
+	example string
 }
 
 type command struct {
 	name    string
 	summary string
+	// example is one command line shown by -h; every leaf command has one (cli_test).
+	example string
 	run     func(ctx context.Context, c *cli, path string, args []string) int
-	subs    []*command
+	// subs are subcommands. A command with both run and subs (migrate) runs itself unless its first
+	// argument names a subcommand.
+	subs []*command
 }
 
 func commands() []*command {
 	return []*command{
-		{name: "migrate", summary: "apply the database migrations (idempotent)", run: runMigrate},
-		{name: "credential", summary: "issue or revoke bearer credentials", subs: []*command{
-			{name: "issue", summary: "issue a credential and print its token alone on one line", run: runCredentialIssue},
-			{name: "revoke", summary: "revoke a credential by id", run: runCredentialRevoke},
+		{name: "migrate", summary: "apply the database migrations (idempotent); --dry-run lists what would run", run: runMigrate,
+			example: "envctl migrate --dry-run && envctl migrate",
+			subs: []*command{
+				{name: "status", summary: "print every migration, applied or embedded, with its checksums, one JSON object a line", run: runMigrateStatus,
+					example: "envctl migrate status | jq -c 'select(.state != \"applied\")'"},
+			}},
+		{name: "credential", summary: "issue, list or revoke bearer credentials", subs: []*command{
+			{name: "issue", summary: "issue a credential and print its token alone on one line", run: runCredentialIssue,
+				example: "tok=$(envctl credential issue --tenant acme --account ops --device ops-cli --role operator)"},
+			{name: "list", summary: "print a tenant's credentials (never their tokens), one JSON object a line", run: runCredentialList,
+				example: "envctl credential list --tenant acme | jq -c 'select(.status == \"active\")'"},
+			{name: "revoke", summary: "revoke a credential by id", run: runCredentialRevoke,
+				example: "envctl credential revoke --tenant acme --id cred_0123456789abcdef01234567"},
 		}},
 		{name: "key", summary: "manage producer Ed25519 public keys", subs: []*command{
-			{name: "add", summary: "register a public key under a key id", run: runKeyAdd},
-			{name: "retire", summary: "retire a key (it still verifies envelopes issued up to now)", run: runKeyRetire},
-			{name: "revoke", summary: "revoke a key (it verifies only exact duplicates from now on)", run: runKeyRevoke},
-			{name: "prune", summary: "delete retired/revoked keys whose envelopes are all older than the replay window", run: runKeyPrune},
+			{name: "add", summary: "register a public key under a key id", run: runKeyAdd,
+				example: "envctl key add --tenant acme --key-id dev-1-2026 --public-key \"$(cat dev-1.pub)\""},
+			{name: "list", summary: "print a tenant's keys in every state, one JSON object a line", run: runKeyList,
+				example: "envctl key list --tenant acme --limit 100"},
+			{name: "retire", summary: "retire a key (it still verifies envelopes issued up to now)", run: runKeyRetire,
+				example: "envctl key retire --tenant acme --key-id dev-1-2025"},
+			{name: "revoke", summary: "revoke a key (it verifies only exact duplicates from now on)", run: runKeyRevoke,
+				example: "envctl key revoke --tenant acme --key-id dev-1-2025"},
+			{name: "prune", summary: "delete retired/revoked keys whose envelopes are all older than the replay window", run: runKeyPrune,
+				example: "envctl key prune --replay-window 2160h"},
 		}},
 		{name: "stream", summary: "inspect streams and raise replay floors", subs: []*command{
-			{name: "set-floor", summary: "raise a stream's replay floor (never lowers)", run: runStreamSetFloor},
-			{name: "show", summary: "print a stream's cursor and replay floor", run: runStreamShow},
+			{name: "set-floor", summary: "raise a stream's replay floor (never lowers)", run: runStreamSetFloor,
+				example: "envctl stream set-floor --tenant acme --project field --producer dev-1 --floor 5000"},
+			{name: "show", summary: "print a stream's cursor and replay floor", run: runStreamShow,
+				example: "envctl stream show --tenant acme --project field --producer dev-1"},
 		}},
 		{name: "audit", summary: "read the audit stream", subs: []*command{
-			{name: "list", summary: "print audit rows, newest first, one JSON object a line", run: runAuditList},
+			{name: "list", summary: "print audit rows, newest first, one JSON object a line", run: runAuditList,
+				example: "envctl audit list --tenant acme --outcome replayed --since 2026-01-02T00:00:00Z --limit 50"},
 		}},
-		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend},
-		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen},
+		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend,
+			example: "envctl send --url http://127.0.0.1:8080 --token-file tok --seed-file dev-1.seed --file draft.json"},
+		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen,
+			example: "envctl keygen --seed-file dev-1.seed > dev-1.pub"},
 		{name: "endpoint", summary: "manage webhook endpoints of the outbox", subs: []*command{
-			{name: "add", summary: fmt.Sprintf("register an endpoint and print its id alone on one line; at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointAdd},
-			{name: "enable", summary: fmt.Sprintf("turn an endpoint on (also after a 410 Gone disabled it); at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointEnable},
-			{name: "disable", summary: "turn an endpoint off (its messages wait, new enqueues skip it)", run: runEndpointDisable},
-			{name: "show", summary: "print an endpoint as one JSON object", run: runEndpointShow},
+			{name: "add", summary: fmt.Sprintf("register an endpoint and print its id alone on one line; at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointAdd,
+				example: "envctl endpoint add --tenant acme --project field --topic task.proposals --url https://hooks.example.com/ew --secret-ref acme/hooks"},
+			{name: "list", summary: "print a tenant's endpoints, one JSON object a line", run: runEndpointList,
+				example: "envctl endpoint list --tenant acme --project field"},
+			{name: "update", summary: "move an endpoint to a new URL and/or secret ref (checked as on add)", run: runEndpointUpdate,
+				example: "envctl endpoint update --tenant acme --id ep_0123456789abcdef01234567 --url https://hooks2.example.com/ew"},
+			{name: "enable", summary: fmt.Sprintf("turn an endpoint on (also after a 410 Gone disabled it); at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointEnable,
+				example: "envctl endpoint enable --tenant acme --id ep_0123456789abcdef01234567"},
+			{name: "disable", summary: "turn an endpoint off (its messages wait, new enqueues skip it)", run: runEndpointDisable,
+				example: "envctl endpoint disable --tenant acme --id ep_0123456789abcdef01234567"},
+			{name: "show", summary: "print an endpoint as one JSON object", run: runEndpointShow,
+				example: "envctl endpoint show --tenant acme --id ep_0123456789abcdef01234567"},
 		}},
 		{name: "dlq", summary: "list and replay dead letters", subs: []*command{
-			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList},
-			{name: "replay", summary: "put a dead letter back to pending with a fresh attempt budget", run: runDLQReplay},
+			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList,
+				example: "envctl dlq list --tenant acme --project field --limit 100"},
+			{name: "replay", summary: "put one dead letter (--id), or a project's matching ones (--dry-run|--yes), back to pending", run: runDLQReplay,
+				example: "envctl dlq replay --tenant acme --project field --code http_5xx --since 2026-01-02T00:00:00Z --dry-run"},
 		}},
 		{name: "outbox", summary: "inspect outbox messages and their delivery attempts; move old outbound bodies", subs: []*command{
-			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow},
-			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts},
-			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies},
+			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow,
+				example: "envctl outbox show --tenant acme --id msg_0123456789abcdef01234567"},
+			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts,
+				example: "envctl outbox attempts --tenant acme --id msg_0123456789abcdef01234567"},
+			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies,
+				example: "envctl outbox backfill-bodies --retention 2160h --pause 100ms"},
 		}},
-		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify},
+		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify,
+			example: "envctl verify --database-url \"$RESTORED_DATABASE_URL\""},
 	}
 }
 
@@ -125,13 +165,23 @@ func (c *cli) dispatch(ctx context.Context, path string, cmds []*command, args [
 			continue
 		}
 		sub := path + " " + name
-		if cmd.subs != nil {
+		if cmd.subs != nil && (cmd.run == nil || (len(args) > 1 && hasCommand(cmd.subs, args[1]))) {
 			return c.dispatch(ctx, sub, cmd.subs, args[1:])
 		}
+		c.example = cmd.example
 		return cmd.run(ctx, c, sub, args[1:])
 	}
 	fmt.Fprintf(c.Stderr, "%s: unknown command %q\nRun '%s -h' for the list of commands.\n", path, name, path)
 	return ExitUsage
+}
+
+func hasCommand(cmds []*command, name string) bool {
+	for _, c := range cmds {
+		if c.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "help" }
@@ -151,8 +201,15 @@ func (c *cli) flagSet(path, synopsis string) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\nFlags:\n", path, synopsis)
 		fs.PrintDefaults()
+		c.printExample(fs.Output())
 	}
 	return fs
+}
+
+func (c *cli) printExample(w io.Writer) {
+	if c.example != "" {
+		fmt.Fprintf(w, "\nExample:\n  %s\n", c.example)
+	}
 }
 
 // parse parses flags; when it returns done, the command must return code (help printed or usage error).

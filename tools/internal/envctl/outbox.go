@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -37,16 +38,11 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 	if !store.ValidTopic(*topic) {
 		return c.usageError(path, "--topic %q is not a valid topic (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", *topic)
 	}
-	// The URL is never echoed: a refused one may carry user info, i.e. a password.
-	if err := store.ValidateEndpointURL(*rawURL); err != nil {
-		return c.usageError(path, "--url refused: %v", err)
+	if err := checkEndpointURL(*rawURL); err != nil {
+		return c.usageError(path, "%v", err)
 	}
-	// A secret_ref is a name; one that looks like a secret is refused without echoing it.
-	if !store.ValidSecretRef(*secretRef) {
-		return c.usageError(path, "--secret-ref is not a valid name (1-128 of A-Z a-z 0-9 . _ : / -, starting with a letter or digit)")
-	}
-	if strings.HasPrefix(*secretRef, "whsec_") || strings.HasPrefix(*secretRef, "whsk_") {
-		return c.usageError(path, "--secret-ref names a key of WEBHOOK_SECRETS_FILE; it must not be the secret itself")
+	if err := checkSecretRef(*secretRef); err != nil {
+		return c.usageError(path, "%v", err)
 	}
 	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {
@@ -62,9 +58,7 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 		case errors.Is(err, store.ErrTopicFull):
 			return c.failure(path, "%s", topicFullMessage(tenant, project, *topic))
 		case errors.Is(err, store.ErrSecretRefForeign):
-			// Never says whose: the operator of one tenant learns nothing about another.
-			return c.failure(path, "refused: secret ref %s is not tenant %s's: another tenant's endpoints name it, "+
-				"and a ref belongs to one tenant; choose another name (docs/operations.md, webhook secrets)", *secretRef, tenant)
+			return c.failure(path, "%s", secretRefForeignMessage(*secretRef, tenant))
 		}
 		return c.storeFailure(path, err)
 	}
@@ -148,7 +142,7 @@ func topicFullMessage(tenant, project, topic string) string {
 		topic, tenant, project, store.MaxTopicEndpoints)
 }
 
-// endpointLine is the output of `endpoint show`. No secret is stored, so none can be shown.
+// endpointLine is the output of `endpoint show` and `endpoint update` and a line of `endpoint list`. No secret is stored, so none can be shown.
 type endpointLine struct {
 	EndpointID     string  `json:"endpoint_id"`
 	TenantID       string  `json:"tenant_id"`
@@ -179,11 +173,15 @@ func runEndpointShow(ctx context.Context, c *cli, path string, args []string) in
 		}
 		return c.storeFailure(path, err)
 	}
-	return c.printJSON(path, endpointLine{
+	return c.printJSON(path, newEndpointLine(e))
+}
+
+func newEndpointLine(e store.Endpoint) endpointLine {
+	return endpointLine{
 		EndpointID: e.ID, TenantID: e.TenantID, ProjectID: e.ProjectID, Topic: e.Topic, URL: e.URL,
 		SecretRef: e.SecretRef, State: string(e.State), DisabledReason: orNull(e.DisabledReason),
 		CreatedAt: formatTime(e.CreatedAt),
-	})
+	}
 }
 
 func (c *cli) printJSON(path string, v any) int {
@@ -292,12 +290,34 @@ func newCorrelationID() string {
 	return "envctl-" + hex.EncodeToString(b[:])
 }
 
+// maxBulkReplay bounds one bulk replay: a larger backlog is replayed in several runs, each reviewed with
+// --dry-run first.
+const maxBulkReplay = 10000
+
+// dlqReplayFlags are the flags of `dlq replay`: --id replays one dead letter, the rest select a bulk.
+type dlqReplayFlags struct {
+	id, project, endpoint, code, since string
+	limit                              int
+	dryRun, yes                        bool
+	pace                               time.Duration
+}
+
 func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --id M [--account A]")
+	fs := c.flagSet(path, "--tenant T --id M [--account A]\n"+
+		"       "+path+" --tenant T --project P [--endpoint E] [--code C] [--since TIME] [--limit N] [--pace D] --dry-run|--yes [--account A]")
 	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "message id of the dead letter, as dlq list prints it (required)")
-	fs.String("account", "", "who replays: recorded as account_id in the audit row (optional)")
-	d := c.addDBFlags(fs, time.Minute)
+	var f dlqReplayFlags
+	fs.StringVar(&f.id, "id", "", "message id of one dead letter, as dlq list prints it")
+	fs.String("account", "", "who replays: recorded as account_id in each audit row (optional)")
+	fs.StringVar(&f.project, "project", "", "bulk: replay this project's dead letters (required without --id)")
+	fs.StringVar(&f.endpoint, "endpoint", "", "bulk: only dead letters of this endpoint id")
+	fs.StringVar(&f.code, "code", "", "bulk: only dead letters whose last error code is this, e.g. http_5xx")
+	fs.StringVar(&f.since, "since", "", "bulk: only dead letters that died at or after this time (RFC 3339)")
+	fs.IntVar(&f.limit, "limit", 100, fmt.Sprintf("bulk: replay at most this many, oldest death first (1-%d)", maxBulkReplay))
+	fs.BoolVar(&f.dryRun, "dry-run", false, "bulk: print the dead letters that would be replayed and replay none")
+	fs.BoolVar(&f.yes, "yes", false, "bulk: replay them (a bulk replay is refused without --dry-run or --yes)")
+	fs.DurationVar(&f.pace, "pace", 50*time.Millisecond, "bulk: wait this long between two replays, so a backlog does not reach the endpoint all at once")
+	d := c.addDBFlags(fs, 10*time.Minute)
 	if done, code := c.parse(fs, path, args); done {
 		return code
 	}
@@ -310,39 +330,190 @@ func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
 			return c.usageError(path, "%v", err)
 		}
 	}
-	if *id == "" {
-		return c.usageError(path, "--id is required")
+	tenant := fs.Lookup("tenant").Value.String()
+	actor := store.Actor{TenantID: tenant, AccountID: account, CorrelationID: newCorrelationID()}
+	if f.id != "" {
+		for _, n := range []string{"project", "endpoint", "code", "since", "limit", "dry-run", "yes", "pace"} {
+			if flagSet(fs, n) {
+				return c.usageError(path, "--%s selects a bulk replay; it cannot be given with --id", n)
+			}
+		}
+		if len(f.id) > maxObjectID {
+			return c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
+		}
+		if !flagSet(fs, "timeout") {
+			d.timeout = time.Minute // the bulk default is for paced runs; one replay needs a moment
+		}
+		s, cctx, cancel, code := c.open(ctx, path, d)
+		if s == nil {
+			return code
+		}
+		defer cancel()
+		return c.replayOne(cctx, s, path, actor, f.id)
 	}
-	if len(*id) > maxObjectID {
-		return c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
+	sel, err := f.selection(fs)
+	if err != nil {
+		return c.usageError(path, "%v", err)
 	}
 	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {
 		return code
 	}
 	defer cancel()
-	tenant := fs.Lookup("tenant").Value.String()
-	corr := newCorrelationID()
-	m, err := s.ReplayDeadLetter(cctx, store.Actor{TenantID: tenant, AccountID: account, CorrelationID: corr}, *id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return c.failure(path, "no message %q in tenant %s", *id, tenant)
-	case errors.Is(err, store.ErrNotDead):
-		// Name the status so the operator knows whether to wait (pending, delivering) or stop
-		// (delivered); a lookup failure here only loses that detail.
-		if st, err := s.OutboxMessage(cctx, tenant, *id); err == nil {
-			return c.failure(path, "refused: message %s is not dead (status %s); only dead letters can be replayed", *id, st.Status)
-		}
-		return c.failure(path, "refused: message %s is not dead; only dead letters can be replayed", *id)
-	case errors.Is(err, store.ErrPayloadExpired):
-		return c.failure(path, "refused: the envelope body of message %s has expired (OUTBOX_PAYLOAD_RETENTION) and was deleted; there is nothing to send", *id)
-	case err != nil:
-		return c.storeFailure(path, err)
+	return c.replayBulk(cctx, s, path, actor, sel, f)
+}
+
+// bulkSelection is what a bulk replay matches, checked.
+type bulkSelection struct {
+	project, endpoint, code string
+	since                   time.Time
+}
+
+func (sel bulkSelection) matches(dl store.DeadLetter) bool {
+	return (sel.endpoint == "" || dl.EndpointID == sel.endpoint) && (sel.code == "" || dl.ErrorCode == sel.code) &&
+		!dl.DeadAt.Before(sel.since)
+}
+
+func (f dlqReplayFlags) selection(fs *flag.FlagSet) (bulkSelection, error) {
+	if f.project == "" {
+		return bulkSelection{}, errors.New("--id is required for one dead letter; for a bulk replay give --project (and filters) with --dry-run or --yes")
+	}
+	if err := checkIdentities(fs, "project"); err != nil {
+		return bulkSelection{}, err
+	}
+	if f.dryRun == f.yes {
+		return bulkSelection{}, errors.New("a bulk replay needs exactly one of --dry-run (show what would be replayed) or --yes (replay it)")
+	}
+	if len(f.endpoint) > maxObjectID {
+		return bulkSelection{}, fmt.Errorf("--endpoint is longer than %d bytes: not an endpoint id", maxObjectID)
+	}
+	if f.code != "" && !store.ValidErrorCode(f.code) {
+		return bulkSelection{}, fmt.Errorf("--code %q is not a delivery error code (one of %s)", f.code, strings.Join(store.ErrorCodes(), ", "))
+	}
+	if f.limit < 1 || f.limit > maxBulkReplay {
+		return bulkSelection{}, fmt.Errorf("--limit %d is outside 1-%d", f.limit, maxBulkReplay)
+	}
+	if f.pace < 0 {
+		return bulkSelection{}, errors.New("--pace must not be negative")
+	}
+	since, err := parseTimeFlag("since", f.since)
+	if err != nil {
+		return bulkSelection{}, err
+	}
+	return bulkSelection{project: f.project, endpoint: f.endpoint, code: f.code, since: since}, nil
+}
+
+func (c *cli) replayOne(ctx context.Context, s *store.Store, path string, actor store.Actor, id string) int {
+	m, err := s.ReplayDeadLetter(ctx, actor, id)
+	if err != nil {
+		return c.replayRefusal(ctx, s, path, actor.TenantID, id, err)
 	}
 	if code := c.printJSON(path, newStatusLine(m)); code != ExitOK {
 		return code
 	}
-	fmt.Fprintf(c.Stderr, "replayed message %s; audit correlation id %s\n", m.MessageID, corr)
+	fmt.Fprintf(c.Stderr, "replayed message %s; audit correlation id %s\n", m.MessageID, actor.CorrelationID)
+	return ExitOK
+}
+
+// replayRefusal reports why the replay of id did not happen, exit 1.
+func (c *cli) replayRefusal(ctx context.Context, s *store.Store, path, tenant, id string, err error) int {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.failure(path, "no message %q in tenant %s", id, tenant)
+	case errors.Is(err, store.ErrNotDead):
+		// Name the status so the operator knows whether to wait (pending, delivering) or stop
+		// (delivered); a lookup failure here only loses that detail.
+		if st, err := s.OutboxMessage(ctx, tenant, id); err == nil {
+			return c.failure(path, "refused: message %s is not dead (status %s); only dead letters can be replayed", id, st.Status)
+		}
+		return c.failure(path, "refused: message %s is not dead; only dead letters can be replayed", id)
+	case errors.Is(err, store.ErrPayloadExpired):
+		return c.failure(path, "refused: the envelope body of message %s has expired (OUTBOX_PAYLOAD_RETENTION) and was deleted; there is nothing to send", id)
+	}
+	return c.storeFailure(path, err)
+}
+
+// replayBulk walks the project's dead letters oldest death first and replays (or, dry, prints) those
+// that match, one store.ReplayDeadLetter each, so each writes its own audit row as a single replay
+// does; the run's rows share one correlation id. A message replayed here that dies again during the
+// run comes back later in the walk with a new dead_at; seen keeps it from being replayed twice.
+func (c *cli) replayBulk(ctx context.Context, s *store.Store, path string, actor store.Actor, sel bulkSelection, f dlqReplayFlags) int {
+	enc := json.NewEncoder(c.Stdout)
+	seen := map[string]bool{}
+	var replayed, skipped, failed int
+	after := ""
+	if !sel.since.IsZero() {
+		// Start at the first death at or after --since rather than reading every older page.
+		after = store.DeadLetterCursorAt(sel.since)
+	}
+walk:
+	for {
+		dls, next, err := s.ListDeadLetters(ctx, actor.TenantID, sel.project, store.MaxDeadLetterPage, after)
+		if err != nil {
+			return c.storeFailure(path, err)
+		}
+		for _, dl := range dls {
+			if !sel.matches(dl) || seen[dl.MessageID] {
+				continue
+			}
+			seen[dl.MessageID] = true
+			if f.dryRun {
+				line := deadLetterLine{MessageID: dl.MessageID, EndpointID: dl.EndpointID, Topic: dl.Topic, Attempts: dl.Attempts,
+					ErrorCode: dl.ErrorCode, CreatedAt: formatTime(dl.CreatedAt), DeadAt: formatTime(dl.DeadAt)}
+				if err := enc.Encode(line); err != nil {
+					return c.failure(path, "write: %v", err)
+				}
+			} else {
+				if replayed+skipped+failed > 0 && f.pace > 0 {
+					t := time.NewTimer(f.pace)
+					select {
+					case <-ctx.Done():
+						t.Stop()
+						fmt.Fprintf(c.Stderr, "stopped after %d replayed; audit correlation id %s\n", replayed, actor.CorrelationID)
+						return c.storeFailure(path, ctx.Err())
+					case <-t.C:
+					}
+				}
+				m, err := s.ReplayDeadLetter(ctx, actor, dl.MessageID)
+				switch {
+				case err == nil:
+					replayed++
+					if err := enc.Encode(newStatusLine(m)); err != nil {
+						return c.failure(path, "write: %v", err)
+					}
+				case errors.Is(err, store.ErrNotDead), errors.Is(err, store.ErrNotFound):
+					// Replayed or removed by someone else since the page was read.
+					skipped++
+					fmt.Fprintf(c.Stderr, "skipped message %s: no longer a dead letter\n", dl.MessageID)
+				case errors.Is(err, store.ErrPayloadExpired):
+					// Nothing to send (§8.9); running again would not change that.
+					skipped++
+					fmt.Fprintf(c.Stderr, "skipped message %s: its envelope body expired (OUTBOX_PAYLOAD_RETENTION)\n", dl.MessageID)
+				case errors.Is(err, store.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+					fmt.Fprintf(c.Stderr, "stopped after %d replayed; audit correlation id %s\n", replayed, actor.CorrelationID)
+					return c.storeFailure(path, err)
+				default:
+					failed++
+					fmt.Fprintf(c.Stderr, "message %s not replayed: %v\n", dl.MessageID, err)
+				}
+			}
+			if len(seen) == f.limit {
+				break walk
+			}
+		}
+		if next == nil {
+			break
+		}
+		after = *next
+	}
+	if f.dryRun {
+		fmt.Fprintf(c.Stderr, "dry run: %d dead letter(s) would be replayed; nothing was changed (run again with --yes)\n", len(seen))
+		return ExitOK
+	}
+	fmt.Fprintf(c.Stderr, "replayed %d, skipped %d, failed %d; audit correlation id %s\n", replayed, skipped, failed, actor.CorrelationID)
+	if failed > 0 {
+		return ExitFailure
+	}
 	return ExitOK
 }
 

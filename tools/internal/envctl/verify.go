@@ -213,6 +213,7 @@ func runVerify(ctx context.Context, c *cli, path string, args []string) int {
 		}
 		fmt.Fprintf(fs.Output(), "\nFlags:\n")
 		fs.PrintDefaults()
+		c.printExample(fs.Output())
 	}
 	if done, code := c.parse(fs, path, args); done {
 		return code

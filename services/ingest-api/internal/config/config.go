@@ -95,7 +95,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"INGEST_ADDR", "API listen address", (*stringValue)(&c.IngestAddr)},
 		{"INGEST_MAX_INFLIGHT_BODY_BYTES", "bytes of request bodies held at once, counted as they arrive; past it new requests answer 503 unavailable (more than the 1 MiB body limit)", (*int64Value)(&c.MaxInflightBodyBytes)},
 		{"METRICS_ADDR", "Prometheus /metrics listen address (separate listener)", (*stringValue)(&c.MetricsAddr)},
-		{"OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>"}}, checked at start, reloaded when it changes`, (*stringValue)(&c.OutboundSigningKeysFile)},
+		{"OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>","previous":[{"key_id":"…","public_key":"<base64url 32 bytes>"}]}} (previous optional), checked at start, reloaded when it changes`, (*stringValue)(&c.OutboundSigningKeysFile)},
 		{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "how often OUTBOUND_SIGNING_KEYS_FILE is checked for changes (a bad new version is logged and the previous keys stay)", (*durationValue)(&c.OutboundKeysReload)},
 		{"PAYLOAD_RETENTION", "how long inbound payloads are kept (Go duration)", (*durationValue)(&c.PayloadRetention)},
 		{"REPLAY_WINDOW", "oldest issued_at accepted (Go duration)", (*durationValue)(&c.ReplayWindow)},

@@ -6,11 +6,21 @@
 //
 // The file is a JSON object of tenants:
 //
-//	{"<tenant>":{"key_id":"<identity>","seed":"<base64url of 32 bytes>"}}
+//	{"<tenant>":{"key_id":"<identity>","seed":"<base64url of 32 bytes>",
+//	             "previous":[{"key_id":"<identity>","public_key":"<base64url of 32 bytes>"}]}}
+//
+// previous is optional (files without it keep their meaning): the PUBLIC
+// halves of the tenant's earlier keys, which receivers must still accept
+// because messages in retry keep the signature they were enqueued with
+// (contract §8.10). Only public keys are listed: an earlier private key has
+// no business staying on the signing host. GET /v1/outbound-keys serves the
+// current key and these (PublicKeys).
 //
 // It is read strictly: duplicate or unknown members, a tenant or key id that
-// is not a contract identity, or a seed that is not base64url (with or
-// without padding) of exactly 32 bytes refuse the whole file. At start that
+// is not a contract identity, a seed that is not base64url (with or
+// without padding) of exactly 32 bytes, a previous key that is not a valid
+// Ed25519 public key (envelope.ParsePublicKey), more than MaxPreviousKeys
+// of them, or a key id named twice in a tenant refuse the whole file. At start that
 // is an error; on a later reload the previous good set stays in force and
 // the problem is reported (tenant and rule only, never the seed).
 //
@@ -48,6 +58,36 @@ type Source interface {
 	Key(ctx context.Context, tenant string) (keyID string, priv ed25519.PrivateKey, err error)
 }
 
+// PublicKey is one outbound public key of a tenant, as receivers fetch it.
+type PublicKey struct {
+	KeyID   string
+	Key     ed25519.PublicKey
+	Current bool
+}
+
+// Publisher is a Source that also knows a tenant's earlier public keys.
+// It is separate from Source so that existing Sources keep compiling; for
+// one that is not a Publisher, PublicKeys serves the current key only.
+type Publisher interface {
+	PublicKeys(ctx context.Context, tenant string) ([]PublicKey, error)
+}
+
+// PublicKeys lists the tenant's outbound public keys, the current one
+// first; a tenant without keys has none (and no error).
+func PublicKeys(ctx context.Context, src Source, tenant string) ([]PublicKey, error) {
+	if p, ok := src.(Publisher); ok {
+		return p.PublicKeys(ctx, tenant)
+	}
+	id, priv, err := src.Key(ctx, tenant)
+	if errors.Is(err, ErrNoKey) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []PublicKey{{KeyID: id, Key: priv.Public().(ed25519.PublicKey), Current: true}}, nil
+}
+
 // None is a Source without keys: every tenant is ErrNoKey. It stands for an
 // unset OUTBOUND_SIGNING_KEYS_FILE, which the contract allows.
 type None struct{}
@@ -57,13 +97,22 @@ func (None) Key(context.Context, string) (string, ed25519.PrivateKey, error) {
 	return "", nil, ErrNoKey
 }
 
+// PublicKeys implements Publisher: no keys.
+func (None) PublicKeys(context.Context, string) ([]PublicKey, error) { return nil, nil }
+
 // MaxFileBytes bounds the keys file; a file this large is a mistake, not a
 // key set.
 const MaxFileBytes = 1 << 20
 
+// MaxPreviousKeys bounds a tenant's earlier keys: enough for rotations
+// within any retry horizon, few enough that a receiver's key list stays
+// small.
+const MaxPreviousKeys = 16
+
 type key struct {
-	id   string
-	priv ed25519.PrivateKey
+	id       string
+	priv     ed25519.PrivateKey
+	previous []PublicKey
 }
 
 // Parse reads a keys file's content strictly (see the package doc).
@@ -94,8 +143,8 @@ func Parse(data []byte) (map[string]key, error) {
 		for name := range members {
 			// encoding/json matches struct fields case-insensitively, so
 			// the member names are checked here, exactly.
-			if name != "key_id" && name != "seed" {
-				return nil, bad("only key_id and seed are allowed")
+			if name != "key_id" && name != "seed" && name != "previous" {
+				return nil, bad("only key_id, seed and previous are allowed")
 			}
 		}
 		keyID, ok := jsonString(members["key_id"])
@@ -110,8 +159,59 @@ func Parse(data []byte) (map[string]key, error) {
 		if !ok {
 			return nil, bad("seed must be base64url of exactly 32 bytes")
 		}
-		out[tenant] = key{id: keyID, priv: ed25519.NewKeyFromSeed(seed)}
+		k := key{id: keyID, priv: ed25519.NewKeyFromSeed(seed)}
 		clear(seed)
+		if raw, present := members["previous"]; present {
+			prev, err := parsePrevious(raw, keyID)
+			if err != nil {
+				return nil, bad(err.Error())
+			}
+			k.previous = prev
+		}
+		out[tenant] = k
+	}
+	return out, nil
+}
+
+// parsePrevious reads a tenant's previous member; its errors are rules,
+// never key material.
+func parsePrevious(raw json.RawMessage, current string) ([]PublicKey, error) {
+	var items []json.RawMessage
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+		return nil, errors.New(`previous must be an array of {"key_id":…,"public_key":…}`)
+	}
+	if len(items) > MaxPreviousKeys {
+		return nil, fmt.Errorf("previous lists more than %d keys", MaxPreviousKeys)
+	}
+	seen := map[string]bool{current: true}
+	out := make([]PublicKey, 0, len(items))
+	for _, item := range items {
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(item, &members); err != nil || members == nil {
+			return nil, errors.New(`previous must be an array of {"key_id":…,"public_key":…}`)
+		}
+		for name := range members {
+			if name != "key_id" && name != "public_key" {
+				return nil, errors.New("a previous key has only key_id and public_key")
+			}
+		}
+		id, ok := jsonString(members["key_id"])
+		if !ok || !envelope.ValidIdentity(id) {
+			return nil, errors.New("a previous key_id must be a string matching the identity rule")
+		}
+		if seen[id] {
+			return nil, errors.New("a key_id is named twice")
+		}
+		seen[id] = true
+		text, ok := jsonString(members["public_key"])
+		if !ok {
+			return nil, errors.New("a previous public_key must be a string")
+		}
+		pub, err := envelope.ParsePublicKey(text)
+		if err != nil {
+			return nil, errors.New("a previous public_key must be base64url of a valid 32-byte Ed25519 public key")
+		}
+		out = append(out, PublicKey{KeyID: id, Key: pub})
 	}
 	return out, nil
 }
@@ -192,6 +292,20 @@ func (f *File) Key(_ context.Context, tenant string) (string, ed25519.PrivateKey
 		return "", nil, ErrNoKey
 	}
 	return k.id, k.priv, nil
+}
+
+// PublicKeys implements Publisher: the current key, then the previous ones
+// in file order.
+func (f *File) PublicKeys(_ context.Context, tenant string) ([]PublicKey, error) {
+	f.mu.RLock()
+	k, ok := f.keys[tenant]
+	f.mu.RUnlock()
+	if !ok {
+		return nil, nil
+	}
+	out := make([]PublicKey, 0, 1+len(k.previous))
+	out = append(out, PublicKey{KeyID: k.id, Key: k.priv.Public().(ed25519.PublicKey), Current: true})
+	return append(out, k.previous...), nil
 }
 
 // Reload re-reads the file. changed is true when a new key set took effect.

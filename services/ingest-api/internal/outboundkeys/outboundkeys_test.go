@@ -166,3 +166,102 @@ func TestRunStopsWithContext(t *testing.T) {
 	go func() { f.Run(ctx, 1<<62, nil); close(done) }()
 	<-done
 }
+
+// pubText is the base64url public key of seed s.
+func pubText(s byte) string {
+	return base64.RawURLEncoding.EncodeToString(ed25519.NewKeyFromSeed(bytes.Repeat([]byte{s}, 32)).Public().(ed25519.PublicKey))
+}
+
+func TestParsePreviousKeys(t *testing.T) {
+	body := `{"tenant-a":{"key_id":"out-2","seed":"` + seedText + `","previous":[` +
+		`{"key_id":"out-1","public_key":"` + pubText(1) + `"},{"key_id":"out-0","public_key":"` + pubText(2) + `="}]},` +
+		entry("tenant-b", "k", seedText) + `}`
+	path := filepath.Join(t.TempDir(), "keys.json")
+	write(t, path, body)
+	f, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	got, err := f.PublicKeys(ctx, "tenant-a")
+	if err != nil || len(got) != 3 {
+		t.Fatalf("%v %v", got, err)
+	}
+	want := []struct {
+		id      string
+		pub     string
+		current bool
+	}{{"out-2", base64.RawURLEncoding.EncodeToString(ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)), true},
+		{"out-1", pubText(1), false}, {"out-0", pubText(2), false}}
+	for i, w := range want {
+		if got[i].KeyID != w.id || base64.RawURLEncoding.EncodeToString(got[i].Key) != w.pub || got[i].Current != w.current {
+			t.Fatalf("key %d = %+v, want %+v", i, got[i], w)
+		}
+	}
+	// The signing key stays the current one.
+	if id, _, err := f.Key(ctx, "tenant-a"); err != nil || id != "out-2" {
+		t.Fatalf("Key = %q %v", id, err)
+	}
+	if got, err := f.PublicKeys(ctx, "tenant-b"); err != nil || len(got) != 1 || !got[0].Current {
+		t.Fatalf("without previous: %v %v", got, err)
+	}
+	if got, err := f.PublicKeys(ctx, "tenant-x"); err != nil || len(got) != 0 {
+		t.Fatalf("unknown tenant: %v %v", got, err)
+	}
+	if got, err := PublicKeys(ctx, None{}, "tenant-a"); err != nil || len(got) != 0 {
+		t.Fatalf("None: %v %v", got, err)
+	}
+}
+
+// currentOnly is a Source that is not a Publisher, as a key-management
+// service implementing only Source would be.
+type currentOnly struct{ File *File }
+
+func (c currentOnly) Key(ctx context.Context, tenant string) (string, ed25519.PrivateKey, error) {
+	return c.File.Key(ctx, tenant)
+}
+
+func TestPublicKeysOfAPlainSource(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	write(t, path, `{`+entry("tenant-a", "k", seedText)+`}`)
+	f, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := PublicKeys(context.Background(), currentOnly{f}, "tenant-a")
+	if err != nil || len(got) != 1 || got[0].KeyID != "k" || !got[0].Current {
+		t.Fatalf("%v %v", got, err)
+	}
+	if got, err := PublicKeys(context.Background(), currentOnly{f}, "other"); err != nil || len(got) != 0 {
+		t.Fatalf("no key: %v %v", got, err)
+	}
+}
+
+func TestParseRefusesBadPreviousKeys(t *testing.T) {
+	head := `{"tenant-a":{"key_id":"k2","seed":"` + seedText + `","previous":`
+	small := base64.RawURLEncoding.EncodeToString(append([]byte{1}, make([]byte, 31)...)) // the identity point: small order
+	many := strings.Repeat(`{"key_id":"x","public_key":"`+pubText(1)+`"},`, MaxPreviousKeys+1)
+	for name, prev := range map[string]string{
+		"not array":      `{"key_id":"k1","public_key":"` + pubText(1) + `"}`,
+		"null":           `null`,
+		"item not obj":   `["` + pubText(1) + `"]`,
+		"unknown member": `[{"key_id":"k1","public_key":"` + pubText(1) + `","seed":"` + seedText + `"}]`,
+		"missing key":    `[{"key_id":"k1"}]`,
+		"bad key id":     `[{"key_id":"k 1","public_key":"` + pubText(1) + `"}]`,
+		"current again":  `[{"key_id":"k2","public_key":"` + pubText(1) + `"}]`,
+		"twice":          `[{"key_id":"k1","public_key":"` + pubText(1) + `"},{"key_id":"k1","public_key":"` + pubText(2) + `"}]`,
+		"short key":      `[{"key_id":"k1","public_key":"AAAA"}]`,
+		"small order":    `[{"key_id":"k1","public_key":"` + small + `"}]`,
+		"too many":       `[` + strings.TrimSuffix(many, ",") + `]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(head + prev + `}}`))
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v", err)
+			}
+			if strings.Contains(err.Error(), seedText) || strings.Contains(err.Error(), pubText(1)) {
+				t.Fatalf("error quotes key material: %v", err)
+			}
+		})
+	}
+}

@@ -164,6 +164,12 @@
 // and otherwise the latest 100 attempts, oldest first (an empty list for a
 // message never attempted).
 //
+// GET /v1/outbound-keys (service or operator; contract §8.10) lists the
+// credential's tenant's outbound public keys, current first, then the
+// earlier ones the keys file lists (outboundkeys.PublicKeys); a tenant
+// without a key answers 200 with an empty list, a failing key source 503.
+// It takes no parameters, so another tenant's keys cannot be named.
+//
 // # Other answers
 //
 // Unknown routes answer 404 not_found and wrong methods 405
@@ -391,6 +397,7 @@ func (s *Server) routes() *echo.Echo {
 	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
 	v1.GET("/dead-letters", s.getDeadLetters)
 	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
+	v1.GET("/outbound-keys", s.getOutboundKeys)
 	return e
 }
 

@@ -1,0 +1,343 @@
+package envctl
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/store"
+)
+
+// pageFlags are --limit and --after of the id-ordered listings (endpoint, key and credential list).
+type pageFlags struct {
+	limit int
+	after string
+}
+
+func addPageFlags(fs *flag.FlagSet, what string) *pageFlags {
+	p := &pageFlags{}
+	fs.IntVar(&p.limit, "limit", 100, fmt.Sprintf("at most this many %s, in id order (1-%d)", what, store.MaxAdminPage))
+	fs.StringVar(&p.after, "after", "", "continue after this id (the next_after a previous page printed on stderr)")
+	return p
+}
+
+func (p *pageFlags) check() error {
+	if p.limit < 1 || p.limit > store.MaxAdminPage {
+		return fmt.Errorf("--limit %d is outside 1-%d", p.limit, store.MaxAdminPage)
+	}
+	if len(p.after) > maxObjectID {
+		return fmt.Errorf("--after is longer than %d bytes: not an id printed by a listing", maxObjectID)
+	}
+	return nil
+}
+
+// printLines writes one JSON object a line and, when the page was full, the cursor of the next page on
+// stderr (stdout stays one object a line for jq and friends).
+func printLines[T any](c *cli, path string, items []T, limit int, line func(T) (any, string)) int {
+	enc := json.NewEncoder(c.Stdout)
+	last := ""
+	for _, it := range items {
+		v, id := line(it)
+		if err := enc.Encode(v); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+		last = id
+	}
+	if len(items) == limit && last != "" {
+		fmt.Fprintf(c.Stderr, "next_after %s\n", last)
+	}
+	return ExitOK
+}
+
+// listSetup parses the flags of a tenant listing and opens the store; s is nil when the command must
+// return code.
+func (c *cli) listSetup(ctx context.Context, path string, fs *flag.FlagSet, d *dbFlags, p *pageFlags, args []string,
+	extra func() error) (s *store.Store, cctx context.Context, cancel func(), page store.AdminPage, code int) {
+	if done, code := c.parse(fs, path, args); done {
+		return nil, nil, nil, page, code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return nil, nil, nil, page, c.usageError(path, "%v", err)
+	}
+	if err := p.check(); err != nil {
+		return nil, nil, nil, page, c.usageError(path, "%v", err)
+	}
+	if extra != nil {
+		if err := extra(); err != nil {
+			return nil, nil, nil, page, c.usageError(path, "%v", err)
+		}
+	}
+	s, cctx, cancel, code = c.open(ctx, path, d)
+	page = store.AdminPage{TenantID: fs.Lookup("tenant").Value.String(), After: p.after, Limit: p.limit}
+	return s, cctx, cancel, page, code
+}
+
+func runEndpointList(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T [--project P] [--limit N] [--after ID]")
+	fs.String("tenant", "", "tenant id (required)")
+	project := fs.String("project", "", "only endpoints of this project")
+	p := addPageFlags(fs, "endpoints")
+	d := c.addDBFlags(fs, time.Minute)
+	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, func() error {
+		if *project != "" {
+			return checkIdentities(fs, "project")
+		}
+		return nil
+	})
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	es, err := s.ListEndpoints(cctx, page, *project)
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	return printLines(c, path, es, p.limit, func(e store.Endpoint) (any, string) { return newEndpointLine(e), e.ID })
+}
+
+func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T --id E [--url URL] [--secret-ref NAME]")
+	fs.String("tenant", "", "tenant id (required)")
+	id := fs.String("id", "", "endpoint id, as printed by endpoint add (required)")
+	rawURL := fs.String("url", "", "new URL, checked as by endpoint add")
+	secretRef := fs.String("secret-ref", "", "new secret ref, checked as by endpoint add")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if *id == "" {
+		return c.usageError(path, "--id is required")
+	}
+	if len(*id) > maxObjectID {
+		return c.usageError(path, "--id is longer than %d bytes: not an endpoint id", maxObjectID)
+	}
+	if *rawURL == "" && *secretRef == "" {
+		return c.usageError(path, "nothing to update: give --url, --secret-ref or both")
+	}
+	if *rawURL != "" {
+		if err := checkEndpointURL(*rawURL); err != nil {
+			return c.usageError(path, "%v", err)
+		}
+	}
+	if *secretRef != "" {
+		if err := checkSecretRef(*secretRef); err != nil {
+			return c.usageError(path, "%v", err)
+		}
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	tenant := fs.Lookup("tenant").Value.String()
+	if err := s.UpdateEndpoint(cctx, tenant, *id, *rawURL, *secretRef); err != nil {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return c.failure(path, "no endpoint %q in tenant %s", *id, tenant)
+		case errors.Is(err, store.ErrSecretRefForeign):
+			return c.failure(path, "%s", secretRefForeignMessage(*secretRef, tenant))
+		case errors.Is(err, store.ErrInvalid):
+			return c.failure(path, "refused: %v", err)
+		}
+		return c.storeFailure(path, err)
+	}
+	e, err := s.GetEndpoint(cctx, tenant, *id)
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	return c.printJSON(path, newEndpointLine(e))
+}
+
+// keyLine is one line of `key list`. The public key is public; it is printed as key add takes it.
+type keyLine struct {
+	KeyID     string  `json:"key_id"`
+	TenantID  string  `json:"tenant_id"`
+	PublicKey string  `json:"public_key"`
+	State     string  `json:"state"`
+	CreatedAt string  `json:"created_at"`
+	RetiredAt *string `json:"retired_at"`
+	RevokedAt *string `json:"revoked_at"`
+}
+
+func runKeyList(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T [--limit N] [--after KEY_ID]")
+	fs.String("tenant", "", "tenant id (required)")
+	p := addPageFlags(fs, "keys")
+	d := c.addDBFlags(fs, time.Minute)
+	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, nil)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	ks, err := s.ListKeys(cctx, page)
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	return printLines(c, path, ks, p.limit, func(k store.Key) (any, string) {
+		return keyLine{KeyID: k.KeyID, TenantID: k.TenantID, PublicKey: base64.RawURLEncoding.EncodeToString(k.PublicKey),
+			State: string(k.State), CreatedAt: formatTime(k.CreatedAt), RetiredAt: formatTimePtr(k.RetiredAt),
+			RevokedAt: formatTimePtr(k.RevokedAt)}, k.KeyID
+	})
+}
+
+// credentialLine is one line of `credential list`: no token, no digest (neither can be shown).
+type credentialLine struct {
+	CredentialID string  `json:"credential_id"`
+	TenantID     string  `json:"tenant_id"`
+	AccountID    string  `json:"account_id"`
+	DeviceID     string  `json:"device_id"`
+	Role         string  `json:"role"`
+	Status       string  `json:"status"`
+	CreatedAt    string  `json:"created_at"`
+	RevokedAt    *string `json:"revoked_at"`
+}
+
+func runCredentialList(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "--tenant T [--limit N] [--after CREDENTIAL_ID]")
+	fs.String("tenant", "", "tenant id (required)")
+	p := addPageFlags(fs, "credentials")
+	d := c.addDBFlags(fs, time.Minute)
+	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, nil)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	cs, err := s.ListCredentials(cctx, page)
+	if err != nil {
+		return c.storeFailure(path, err)
+	}
+	return printLines(c, path, cs, p.limit, func(cr store.Credential) (any, string) {
+		return credentialLine{CredentialID: cr.ID, TenantID: cr.TenantID, AccountID: cr.AccountID, DeviceID: cr.DeviceID,
+			Role: string(cr.Role), Status: string(cr.Status), CreatedAt: formatTime(cr.CreatedAt),
+			RevokedAt: formatTimePtr(cr.RevokedAt)}, cr.ID
+	})
+}
+
+// migrationLine is one line of `migrate status` and `migrate --dry-run`.
+type migrationLine struct {
+	Version          int     `json:"version"`
+	Name             string  `json:"name"`
+	State            string  `json:"state"`
+	EmbeddedChecksum *string `json:"embedded_checksum"`
+	AppliedChecksum  *string `json:"applied_checksum"`
+	AppliedAt        *string `json:"applied_at"`
+}
+
+func newMigrationLine(e migrations.StatusEntry) migrationLine {
+	return migrationLine{Version: e.Version, Name: e.Name, State: string(e.State),
+		EmbeddedChecksum: orNull(e.EmbeddedChecksum), AppliedChecksum: orNull(e.AppliedChecksum),
+		AppliedAt: formatTimePtr(e.AppliedAt)}
+}
+
+// migrationStatus opens dsn and reads the status; migrate status and migrate --dry-run share it.
+func (c *cli) migrationStatus(ctx context.Context, path, dsn string) ([]migrations.StatusEntry, int) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, c.failure(path, "cannot open the database: %v", err)
+	}
+	defer db.Close()
+	st, err := migrations.Status(ctx, db)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, c.failure(path, "timed out (see --timeout): %v", err)
+		}
+		return nil, c.failure(path, "%v", err)
+	}
+	return st, ExitOK
+}
+
+func runMigrateStatus(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "[--database-url URL]")
+	d := c.addDBFlags(fs, time.Minute)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	dsn, code := c.dsn(path, d)
+	if dsn == "" {
+		return code
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	st, code := c.migrationStatus(cctx, path, dsn)
+	if st == nil {
+		return code
+	}
+	enc := json.NewEncoder(c.Stdout)
+	modified := 0
+	for _, e := range st {
+		if err := enc.Encode(newMigrationLine(e)); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+		if e.State == migrations.StateModified {
+			modified++
+		}
+	}
+	if modified > 0 {
+		// The same condition makes migrate refuse; say it here too, with a failing exit for scripts.
+		return c.failure(path, "%d applied migration(s) differ from this build's files (state modified); migrate refuses to run", modified)
+	}
+	return ExitOK
+}
+
+// migrateDryRun prints the migrations migrate would apply, one JSON object a line, and applies nothing.
+func (c *cli) migrateDryRun(ctx context.Context, path, dsn string) int {
+	st, code := c.migrationStatus(ctx, path, dsn)
+	if st == nil {
+		return code
+	}
+	enc := json.NewEncoder(c.Stdout)
+	pending := 0
+	for _, e := range st {
+		if e.State == migrations.StateModified {
+			return c.failure(path, "migration %d (%s) was applied from a different file; migrate would refuse (see migrate status)", e.Version, e.Name)
+		}
+	}
+	for _, e := range st {
+		if e.State != migrations.StatePending {
+			continue
+		}
+		if err := enc.Encode(newMigrationLine(e)); err != nil {
+			return c.failure(path, "write: %v", err)
+		}
+		pending++
+	}
+	fmt.Fprintf(c.Stderr, "dry run: %d migration(s) would be applied; nothing was changed\n", pending)
+	return ExitOK
+}
+
+// checkEndpointURL and checkSecretRef are the checks of endpoint add and endpoint update, before any
+// database is opened. Neither echoes the value: a refused URL may carry user info (a password), and a
+// refused ref may be a secret pasted by mistake.
+func checkEndpointURL(raw string) error {
+	if err := store.ValidateEndpointURL(raw); err != nil {
+		return fmt.Errorf("--url refused: %w", err)
+	}
+	return nil
+}
+
+func checkSecretRef(ref string) error {
+	if !store.ValidSecretRef(ref) {
+		return errors.New("--secret-ref is not a valid name (1-128 of A-Z a-z 0-9 . _ : / -, starting with a letter or digit)")
+	}
+	if strings.HasPrefix(ref, "whsec_") || strings.HasPrefix(ref, "whsk_") {
+		return errors.New("--secret-ref names a key of WEBHOOK_SECRETS_FILE; it must not be the secret itself")
+	}
+	return nil
+}
+
+// secretRefForeignMessage never says whose the ref is: the operator of one tenant learns nothing about
+// another.
+func secretRefForeignMessage(ref, tenant string) string {
+	return fmt.Sprintf("refused: secret ref %s is not tenant %s's: another tenant's endpoints name it, "+
+		"and a ref belongs to one tenant; choose another name (docs/operations.md, webhook secrets)", ref, tenant)
+}
