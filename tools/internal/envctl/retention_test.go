@@ -117,4 +117,11 @@ func TestDLQReplayOfAnExpiredBody(t *testing.T) {
 	if strings.Contains(res.stderr, "secret-payload-marker") {
 		t.Fatal("the refusal shows the payload")
 	}
+	// A bulk replay skips it with the same reason: nothing to send, and a
+	// second run would not change that.
+	bulk := run(t, storetest.DSNForRole(dsn, "envelopeworker_operator"), "dlq", "replay", "--tenant", "t1", "--project", "p1", "--yes")
+	bulk.expect(t, ExitOK, "skipped message "+id+": its envelope body expired")
+	if !strings.Contains(bulk.stderr, "replayed 0, skipped 1, failed 0") || bulk.stdout != "" {
+		t.Fatalf("bulk replay of an expired body: stdout %q, stderr %q", bulk.stdout, bulk.stderr)
+	}
 }
