@@ -24,4 +24,8 @@ var HotSQL = map[string]string{
 	"listDead":      listDeadSQL,
 	"messageExists": messageExistsSQL,
 	"outboxMessage": outboxMessageSQL,
+	// Outbound retention (outbox_retention.go, migration 0008).
+	"expiredAttempts": deleteExpiredAttemptsSQL,
+	"expiredBodies":   deleteExpiredBodiesSQL,
+	"backfillBodies":  backfillBodiesSQL,
 }

@@ -57,6 +57,10 @@ var (
 	// (its lease expired and it was claimed again, or it was settled already).
 	// The row is unchanged; the worker drops its result.
 	ErrFenced = errors.New("store: attempt fenced")
+	// ErrPayloadExpired: a replay of a dead letter whose envelope body the
+	// retention-janitor deleted (HTTP 409 payload_expired, §8.9). Nothing
+	// was changed.
+	ErrPayloadExpired = errors.New("store: payload expired")
 )
 
 // Outbox bounds.
@@ -101,12 +105,15 @@ const (
 	// CodeSecretRefForeign: the endpoint names a secret ref its tenant does
 	// not own; the worker refuses to sign with it (dead at once, never sent).
 	CodeSecretRefForeign = "secret_ref_foreign"
+	// CodePayloadExpired: the claimed message's envelope body is gone
+	// (§8.9); the worker does not send an empty body (dead at once).
+	CodePayloadExpired = "payload_expired"
 )
 
 var errorCodes = map[string]bool{
 	CodeHTTP4xx: true, CodeHTTP410: true, CodeHTTP5xx: true, CodeHTTP429: true,
 	CodeTimeout: true, CodeConnectFailed: true, CodeRedirectRefused: true, CodeBlockedAddress: true,
-	CodeTLSFailed: true, CodeNoSecret: true, CodeSecretRefForeign: true,
+	CodeTLSFailed: true, CodeNoSecret: true, CodeSecretRefForeign: true, CodePayloadExpired: true,
 }
 
 // ValidErrorCode reports whether code is one of the Code* constants.
@@ -137,10 +144,13 @@ type EnqueueRequest struct {
 
 // EnqueueResult is the stored envelope (byte-identical on a repeat) and its
 // message ids, ordered by endpoint id. Created is false for a repeat.
+// PayloadExpired: a repeat whose envelope body expired (§8.9); Envelope is
+// nil then.
 type EnqueueResult struct {
-	Envelope   []byte
-	MessageIDs []string
-	Created    bool
+	Envelope       []byte
+	MessageIDs     []string
+	Created        bool
+	PayloadExpired bool
 }
 
 // Enqueue runs POST /v1/outbox alone: EnqueueBatch of one item (see
@@ -173,20 +183,24 @@ func (s *Store) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (Enqueue
 // MessageStatus is GET /v1/outbox/{id}. NextAttemptAt is when the message is
 // next due: the retry time while pending, the lease expiry while delivering
 // (the earliest another attempt can start), nil once delivered or dead.
+//
+// PayloadExpired: the retention-janitor deleted the envelope's body (§8.9).
 type MessageStatus struct {
 	MessageID, EndpointID, Topic, Status, LastErrorCode string
 	Attempts                                            int
 	NextAttemptAt, DeliveredAt                          *time.Time
+	PayloadExpired                                      bool
 }
 
 const messageStatusColumns = `message_id, endpoint_id, topic, status, last_error_code, attempts,
     next_attempt_at, delivered_at`
 
-func scanStatus(sc interface{ Scan(...any) error }) (MessageStatus, error) {
+// scanStatus reads messageStatusColumns, then the extra destinations.
+func scanStatus(sc interface{ Scan(...any) error }, extra ...any) (MessageStatus, error) {
 	var m MessageStatus
 	var next, delivered sql.NullTime
-	if err := sc.Scan(&m.MessageID, &m.EndpointID, &m.Topic, &m.Status, &m.LastErrorCode, &m.Attempts,
-		&next, &delivered); err != nil {
+	if err := sc.Scan(append([]any{&m.MessageID, &m.EndpointID, &m.Topic, &m.Status, &m.LastErrorCode, &m.Attempts,
+		&next, &delivered}, extra...)...); err != nil {
 		return MessageStatus{}, err
 	}
 	if next.Valid {
@@ -198,8 +212,13 @@ func scanStatus(sc interface{ Scan(...any) error }) (MessageStatus, error) {
 	return m, nil
 }
 
-const outboxMessageSQL = `SELECT ` + messageStatusColumns + `
-FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2`
+// outboxMessageSQL adds whether the body is gone: in neither table
+// (migration 0008 moves it from the old column to outbound_bodies).
+const outboxMessageSQL = `SELECT ` + messageStatusColumns + `,
+    NOT EXISTS (SELECT FROM outbound_bodies b WHERE b.tenant_id = m.tenant_id AND b.event_identity = m.event_identity)
+    AND NOT EXISTS (SELECT FROM outbound_unmoved_bodies u
+                    WHERE u.tenant_id = m.tenant_id AND u.event_identity = m.event_identity)
+FROM outbox_messages m WHERE m.tenant_id = $1 AND m.message_id = $2`
 
 // OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
 // other tenants' ids are all ErrNotFound.
@@ -211,7 +230,9 @@ func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageSt
 	if !messageIDRE.MatchString(id) {
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}
-	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id))
+	var expired bool
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id), &expired)
+	m.PayloadExpired = expired
 	if errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}

@@ -47,10 +47,15 @@ CROSS JOIN LATERAL (
 // (ordered as EnqueueResult says). Rows come back only where one was found;
 // most items are new. Each lookup is a LATERAL subquery kept by OFFSET 0, so
 // a generic plan made on empty tables still uses the keys (see lookupSQL).
+// The bytes are read new-then-old (migration 0008: outbound_bodies, then the
+// old column of a body not moved yet); NULL when the retention-janitor
+// deleted them (§8.9).
 //
 //	$1 tenants  $2 projects  $3 idempotency digests
 const outboundByKeySQL = `
-SELECT u.i, e.event_identity, e.request_digest, e.envelope,
+SELECT u.i, e.event_identity, e.request_digest,
+       coalesce((SELECT b.envelope FROM outbound_bodies b
+                 WHERE b.tenant_id = u.t AND b.event_identity = e.event_identity), e.envelope),
        ARRAY(SELECT m.message_id FROM outbox_messages m
              WHERE m.tenant_id = u.t AND m.event_identity = e.event_identity
              ORDER BY m.endpoint_id, m.message_id)
@@ -83,9 +88,11 @@ SELECT s.i, ARRAY(SELECT e.endpoint_id FROM (
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, c, i)`
 
 // writeOutboundSQL commits the new items: each stream's last sequence (a
-// stream's first enqueue inserts its row), each envelope, and one pending
-// message per endpoint. The messages' foreign keys are checked at the end of
-// the statement, when the envelopes inserted beside them are visible.
+// stream's first enqueue inserts its row), each envelope's identity and its
+// body (outbound_bodies only, migration 0008; the identity row keeps none),
+// and one pending message per endpoint. The bodies' and messages' foreign
+// keys are checked at the end of the statement, when the envelopes inserted
+// beside them are visible.
 //
 //	streams:   $1 tenant  $2 project  $3 producer  $4 last sequence
 //	envelopes: $5 tenant  $6 event identity  $7 project  $8 producer  $9 sequence
@@ -101,9 +108,12 @@ WITH stream AS (
     DO UPDATE SET last_sequence = EXCLUDED.last_sequence, updated_at = now()
 ), envelope AS (
     INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
-                                    idempotency_digest, request_digest, envelope)
+                                    idempotency_digest, request_digest)
     SELECT * FROM unnest($5::text[], $6::bytea[], $7::text[], $8::text[], $9::bigint[], $10::text[],
-                         $11::bytea[], $12::bytea[], $13::bytea[])
+                         $11::bytea[], $12::bytea[])
+), body AS (
+    INSERT INTO outbound_bodies (tenant_id, event_identity, envelope)
+    SELECT * FROM unnest($5::text[], $6::bytea[], $13::bytea[])
 )
 INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
                              max_attempts, budget, next_attempt_at)
@@ -390,7 +400,8 @@ func (b *enqueueSet) decideWith(st enqueueState, build func(i int, seq int64) ([
 				answers[i].Err = newErr(op, ErrIdempotencyConflict)
 				continue
 			}
-			answers[i].Result = EnqueueResult{Envelope: s.envelope, MessageIDs: nonNil(s.messageIDs)}
+			answers[i].Result = EnqueueResult{Envelope: s.envelope, MessageIDs: nonNil(s.messageIDs),
+				PayloadExpired: s.envelope == nil}
 			continue
 		}
 		if j, ok := created[k]; ok {

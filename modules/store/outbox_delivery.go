@@ -95,7 +95,13 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // scan; one lookup serves URL, ref and owner). Each claim costs O(claimed
 // rows), not O(table).
 //
-//	$1 tenant  $2 max  $3 lease in microseconds
+// The body is read from outbound_bodies first and from the old column of
+// outbound_envelopes only when it has not been moved there yet (migration
+// 0008, expand/contract); coalesce evaluates the second lookup only then.
+// A message made dead here as exhausted settles like any other
+// (raiseExpiry).
+//
+//	$1 tenant  $2 max  $3 lease in microseconds  $4 payload retention in microseconds
 const claimSQL = `
 WITH due AS (
     SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted,
@@ -113,6 +119,22 @@ WITH due AS (
         last_error_code  = 'timeout',
         updated_at       = now()
     WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))
+), exhausted_expiry AS (
+    -- As raiseExpiry, for each envelope of a message made dead here: each
+    -- body locked by its key in a LATERAL lookup, then joined back on the
+    -- whole key (no constant on b, so the join is a key lookup per row).
+    UPDATE outbound_bodies b
+    SET expires_at = greatest(b.expires_at, now() + $4::bigint * interval '1 microsecond')
+    FROM (
+        SELECT l.tenant_id, l.event_identity
+        FROM (SELECT m.event_identity FROM outbox_messages m
+              WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))) s
+        CROSS JOIN LATERAL (
+            SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
+            WHERE l.tenant_id = $1 AND l.event_identity = s.event_identity
+            OFFSET 0 FOR UPDATE SKIP LOCKED) l
+    ) k
+    WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
 ), claimed AS (
     UPDATE outbox_messages m SET
         attempts         = m.attempts + 1,
@@ -134,7 +156,8 @@ WITH due AS (
 SELECT c.message_id, c.endpoint_id, e.url, e.secret_ref,
        coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
        c.event_identity, c.attempts, c.max_attempts,
-       (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity),
+       coalesce((SELECT b.envelope FROM outbound_bodies b WHERE b.tenant_id = $1 AND b.event_identity = c.event_identity),
+                (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity)),
        c.lease_expires_at
 FROM claimed c
 LEFT JOIN LATERAL (
@@ -150,7 +173,7 @@ func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Du
 	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds())
+	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds(), s.retentionMicros())
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
@@ -176,6 +199,42 @@ func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Du
 // after a lease expired and another worker claimed the message, attempts has
 // moved on and the stale worker's settle changes nothing.
 const fence = `tenant_id = $1 AND message_id = $2 AND attempts = $3 AND status = 'delivering'`
+
+// raiseExpiry is the step every settle that leaves a message delivered or
+// dead takes, in its own CTE of the settle's statement: it raises the
+// expiry of the envelope's body to at least now() + retention ($N,
+// microseconds), so the last settle of an envelope leaves its own time plus
+// the retention (§8.9). Whether that settle was the last one is not decided
+// here: the janitor deletes a body only when none of its messages is
+// pending or delivering (noneInFlight), a check made on the latest
+// committed rows, so two messages of one envelope settling at once in
+// separate transactions need not see each other.
+//
+// A body row another transaction holds is skipped, not waited for, so a
+// settle never waits on the body, and settles of one envelope's messages in
+// different batches cannot deadlock on it. Whoever holds it fixes the
+// expiry instead: a sibling's settle (same moment), or a replay, which
+// clears it for a message that will settle again. The envelope query may
+// read a message this statement then finds fenced (it reads the
+// statement's snapshot); raising early is harmless, for the same reason.
+//
+// Written raiseExpiry + "$N" + raiseExpiryOf + envelope query (one row at
+// most) + raiseExpiryEnd: scalar key lookups, so the plan is the primary
+// key's whatever the statistics say (TestHotStatementPlansUseTheirKeys).
+const (
+	raiseExpiry = `
+    UPDATE outbound_bodies b
+    SET expires_at = greatest(b.expires_at, now() + `
+	raiseExpiryOf = `::bigint * interval '1 microsecond')
+    WHERE b.tenant_id = $1 AND b.event_identity = (
+        SELECT l.event_identity FROM outbound_bodies l
+        WHERE l.tenant_id = $1 AND l.event_identity = (`
+	raiseExpiryEnd = `)
+        FOR UPDATE SKIP LOCKED)`
+)
+
+// settledEnvelope is the envelope of the message a settle's fence matches.
+const settledEnvelope = `SELECT event_identity FROM outbox_messages WHERE ` + fence
 
 // settledColumns is what a settle's UPDATE returns for recordAttemptSQL.
 const settledColumns = `message_id, attempts, status, last_error_code`
@@ -208,17 +267,21 @@ const recordAttemptSQL = `
 )
 SELECT count(*) FROM m`
 
+// markDeliveredSQL: $7 payload retention in microseconds (raiseExpiry).
 const markDeliveredSQL = `
-WITH m AS (
+WITH expiry AS (` + raiseExpiry + `$7` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
+), m AS (
     UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), next_attempt_at = NULL,
         lease_expires_at = NULL, last_error_code = '', updated_at = now()
     WHERE ` + fence + `
     RETURNING ` + settledColumns + recordAttemptSQL
 
 // markRetrySQL schedules the next attempt ($7), or makes the message dead
-// when the claimed attempt was its last.
+// when the claimed attempt was its last; $9 payload retention.
 const markRetrySQL = `
-WITH m AS (
+WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + ` AND attempts >= max_attempts` +
+	raiseExpiryEnd + `
+), m AS (
     UPDATE outbox_messages SET
         status           = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
         next_attempt_at  = CASE WHEN attempts >= max_attempts THEN NULL ELSE $7::timestamptz END,
@@ -228,9 +291,11 @@ WITH m AS (
     RETURNING ` + settledColumns + recordAttemptSQL
 
 // markDeadSQL kills the message with code $7 and, when $8 is set, disables
-// its endpoint in the same statement (a 410 Gone answer).
+// its endpoint in the same statement (a 410 Gone answer); $9 payload
+// retention.
 const markDeadSQL = `
-WITH m AS (
+WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
+), m AS (
     UPDATE outbox_messages SET status = 'dead', dead_at = now(), next_attempt_at = NULL,
         lease_expires_at = NULL, last_error_code = $7, updated_at = now()
     WHERE ` + fence + `
@@ -281,7 +346,7 @@ func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt in
 	if !validSettle(tenant, id, attempt) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt, nil, nil, nil)
+	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt, nil, nil, nil, s.retentionMicros())
 }
 
 // MarkRetry records a retryable failure (code: one of the Code* constants)
@@ -292,7 +357,7 @@ func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, n
 	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, nil, nil, nil, next, code)
+	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, nil, nil, nil, next, code, s.retentionMicros())
 }
 
 // MarkDead makes the message dead at once with code. With disableEndpoint
@@ -303,7 +368,8 @@ func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, co
 	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markDeadSQL, tenant, id, attempt, nil, nil, nil, code, disableEndpoint)
+	return s.execSettle(ctx, op, tenant, id, markDeadSQL, tenant, id, attempt, nil, nil, nil, code, disableEndpoint,
+		s.retentionMicros())
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.
@@ -429,14 +495,28 @@ func (s *Store) ListDeadLetters(ctx context.Context, tenant, project string, lim
 
 // replaySQL puts a dead message back to pending with a fresh budget
 // (max_attempts = attempts + the request's max_attempts; attempts keeps
-// counting) and writes the audit row in the same statement.
+// counting), clears its envelope body's expiry and writes the audit row, in
+// one statement. It changes nothing when the body is gone (§8.9): the body
+// update comes first (m reads it), so a janitor deleting the body at the
+// same moment either committed first (no row: nothing replayed) or waits
+// for the replay and then finds the expiry cleared. A body not yet moved
+// out of the old column (migration 0008) counts as present.
 //
 //	$1 tenant  $2 message  $3 account  $4 device  $5 correlation id
 const replaySQL = `
-WITH m AS (
+WITH target AS (
+    SELECT event_identity FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2 AND status = 'dead'
+), body AS (
+    UPDATE outbound_bodies b SET expires_at = NULL
+    WHERE b.tenant_id = $1 AND b.event_identity = (SELECT event_identity FROM target)
+    RETURNING b.event_identity
+), m AS (
     UPDATE outbox_messages SET status = 'pending', max_attempts = attempts + budget, replays = replays + 1,
         next_attempt_at = now(), dead_at = NULL, updated_at = now()
     WHERE tenant_id = $1 AND message_id = $2 AND status = 'dead'
+      AND (EXISTS (SELECT FROM body)
+           OR EXISTS (SELECT FROM outbound_unmoved_bodies u
+                      WHERE u.tenant_id = $1 AND u.event_identity = (SELECT event_identity FROM target)))
     RETURNING ` + messageStatusColumns + `, project_id, event_identity
 ), audit AS (
     INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
@@ -451,7 +531,8 @@ const OutcomeReplayed = "replayed"
 
 // ReplayDeadLetter puts the actor's tenant's dead message id back to pending
 // and returns its new status. Ids and body stay; the attempt counter keeps
-// growing. ErrNotDead when the message is not dead, ErrNotFound when it does
+// growing. ErrNotDead when the message is not dead, ErrPayloadExpired when
+// it is dead but its envelope body expired, ErrNotFound when it does
 // not exist for the tenant. A message of a disabled endpoint is replayed too
 // and waits until the endpoint is enabled.
 func (s *Store) ReplayDeadLetter(ctx context.Context, a Actor, id string) (MessageStatus, error) {
@@ -470,12 +551,12 @@ func (s *Store) ReplayDeadLetter(ctx context.Context, a Actor, id string) (Messa
 	if !errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, classify(ctx, op, err)
 	}
-	var exists bool
-	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL, a.TenantID, id).Scan(&exists); err != nil {
-		return MessageStatus{}, classify(ctx, op, err)
+	st, err := s.OutboxMessage(ctx, a.TenantID, id)
+	if err != nil {
+		return MessageStatus{}, err
 	}
-	if !exists {
-		return MessageStatus{}, newErr(op, ErrNotFound)
+	if st.Status == StatusDead && st.PayloadExpired {
+		return MessageStatus{}, newErr(op, ErrPayloadExpired)
 	}
 	return MessageStatus{}, newErr(op, ErrNotDead)
 }
@@ -539,8 +620,8 @@ func (st Settlement) valid() bool {
 // SettleBatch applies several settles of one tenant in one round trip and
 // one commit: each exactly as the single Mark* call, fenced on its own
 // attempt, and each recording its attempt row with the settlement's timing
-// and status (in the same statement as its update). The durable commit is what a settle costs on most disks, so a
-// worker that gathers the answers finishing at about the same time settles
+// and status (in the same statement as its update). The durable commit is what a
+// settle costs on most disks, so a worker that gathers the answers finishing at about the same time settles
 // many per commit. The result has one entry per settlement, in order: nil,
 // ErrFenced or ErrNotFound. The error is for the batch as a whole
 // (ErrInvalid for any malformed settlement, before any database work; or a
@@ -559,15 +640,16 @@ func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement)
 		return nil, nil
 	}
 	b := &pgx.Batch{}
+	retention := s.retentionMicros()
 	for _, st := range ss {
 		args := append([]any{tenant, st.MessageID, st.Attempt}, st.attemptArgs()...)
 		switch st.Outcome {
 		case SettleDelivered:
-			b.Queue(markDeliveredSQL, args...)
+			b.Queue(markDeliveredSQL, append(args, retention)...)
 		case SettleRetry:
-			b.Queue(markRetrySQL, append(args, st.Next, st.Code)...)
+			b.Queue(markRetrySQL, append(args, st.Next, st.Code, retention)...)
 		case SettleDead:
-			b.Queue(markDeadSQL, append(args, st.Code, st.DisableEndpoint)...)
+			b.Queue(markDeadSQL, append(args, st.Code, st.DisableEndpoint, retention)...)
 		}
 	}
 	applied := make([]bool, len(ss))

@@ -14,7 +14,7 @@ import (
 )
 
 // grantMatrix is every privilege each role holds after the migrations
-// (migrations/0001 to 0007): table-level privileges, UPDATE granted on
+// (migrations/0001 to 0008): table-level privileges, UPDATE granted on
 // columns only, and SELECT granted on columns only. Anything not listed must
 // not be held.
 var grantMatrix = map[string]struct {
@@ -32,11 +32,13 @@ var grantMatrix = map[string]struct {
 			"outbound_streams":   "SELECT,INSERT",
 			"outbound_envelopes": "SELECT,INSERT", "outbox_messages": "SELECT,INSERT",
 			"outbox_attempts": "SELECT",
+			"outbound_bodies": "SELECT,INSERT", "outbound_unmoved_bodies": "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages":  {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
 			"streams":          {"cursor", "updated_at"},
 			"outbound_streams": {"last_sequence", "updated_at"},
+			"outbound_bodies":  {"expires_at"}, // a replay clears it
 		},
 		// Enqueue's fan-out; never an endpoint's URL or secret ref (0005).
 		selects: map[string][]string{
@@ -48,8 +50,10 @@ var grantMatrix = map[string]struct {
 			"schema_migrations": "SELECT",
 			"outbox_messages":   "SELECT", "endpoints": "SELECT", "outbound_envelopes": "SELECT",
 			"secret_ref_owners": "SELECT", "outbox_attempts": "INSERT",
+			"outbound_bodies": "SELECT",
 		},
 		columns: map[string][]string{
+			"outbound_bodies": {"expires_at"}, // a settle fixes it
 			"outbox_messages": {"attempts", "dead_at", "delivered_at", "last_error_code", "lease_expires_at",
 				"lease_expiries", "next_attempt_at", "status", "updated_at"},
 			"endpoints": {"disabled_reason", "state", "updated_at"},
@@ -59,27 +63,38 @@ var grantMatrix = map[string]struct {
 		tables: map[string]string{
 			"schema_migrations": "SELECT",
 			"inbound_payloads":  "SELECT,DELETE",
+			// Outbound retention (0008): bodies and attempt rows only.
+			"outbound_bodies": "SELECT,DELETE", "outbox_attempts": "SELECT,DELETE",
+		},
+		// Which messages are still in flight; never a destination or budget.
+		selects: map[string][]string{
+			"outbox_messages": {"event_identity", "message_id", "status", "tenant_id"},
 		},
 	},
 	roleOperator: {
 		tables: map[string]string{
-			"schema_migrations": "SELECT",
-			"credentials":       "SELECT,INSERT",
-			"producer_keys":     "SELECT,INSERT,DELETE",
-			"streams":           "SELECT,INSERT",
-			"event_identities":  "SELECT",
-			"audit_events":      "SELECT,INSERT",
-			"endpoints":         "SELECT,INSERT",
-			"outbox_messages":   "SELECT",
-			"secret_ref_owners": "SELECT",
-			"outbox_attempts":   "SELECT",
+			"schema_migrations":       "SELECT",
+			"credentials":             "SELECT,INSERT",
+			"producer_keys":           "SELECT,INSERT,DELETE",
+			"streams":                 "SELECT,INSERT",
+			"event_identities":        "SELECT",
+			"audit_events":            "SELECT,INSERT",
+			"endpoints":               "SELECT,INSERT",
+			"outbox_messages":         "SELECT",
+			"secret_ref_owners":       "SELECT",
+			"outbox_attempts":         "SELECT",
+			"outbound_unmoved_bodies": "SELECT",
 		},
 		columns: map[string][]string{
 			"outbox_messages": {"dead_at", "max_attempts", "next_attempt_at", "replays", "status", "updated_at"},
+			"outbound_bodies": {"expires_at"}, // a replay clears it; the body stays out of reach
 			"credentials":     {"revoked_at", "status"},
 			"producer_keys":   {"retired_at", "revoked_at", "state"},
 			"streams":         {"cursor", "replay_floor", "updated_at"},
 			"endpoints":       {"disabled_reason", "secret_ref", "state", "updated_at", "url"},
+		},
+		selects: map[string][]string{
+			"outbound_bodies": {"event_identity", "expires_at", "tenant_id"},
 		},
 	},
 }
@@ -102,6 +117,25 @@ func TestRolePrivilegeMatrix(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	parameterACLs := f.parameterACLs()
+	views := map[string]bool{}
+	if err := func() error {
+		rows, err := f.admin.QueryContext(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind = 'v'`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v string
+			if err := rows.Scan(&v); err != nil {
+				return err
+			}
+			views[v] = true
+		}
+		return rows.Err()
+	}(); err != nil {
+		t.Fatal(err)
+	}
 	columns := map[string][]string{} // table -> columns
 	rows, err := f.admin.QueryContext(ctx, `
 SELECT c.relname, a.attname FROM pg_class c
@@ -178,7 +212,8 @@ ORDER BY 1, a.attnum`)
 			for _, p := range []string{"SELECT", "INSERT", "DELETE", "TRUNCATE"} {
 				// A SELECT naming no column needs only some column's SELECT;
 				// the column reads above are refused one by one instead.
-				if slices.Contains(allowed, p) || p == "SELECT" && len(want.selects[tb]) > 0 {
+				if slices.Contains(allowed, p) || p == "SELECT" && len(want.selects[tb]) > 0 ||
+					p == "TRUNCATE" && views[tb] { // a view cannot be truncated by anyone
 					continue
 				}
 				stmt := map[string]string{

@@ -39,7 +39,14 @@ type Options struct {
 	// last ones (up to three wal_writer_delay). Only for work that is safe
 	// to lose and redo, never for anything acknowledged.
 	AsyncCommit bool
+	// OutboxPayloadRetention is how long an outbound envelope's body is kept
+	// after its last message became delivered or dead (contract §8.9); the
+	// settles of this store fix that time. Default DefaultOutboxPayloadRetention.
+	OutboxPayloadRetention time.Duration
 }
+
+// DefaultOutboxPayloadRetention is OUTBOX_PAYLOAD_RETENTION's default (§8.9).
+const DefaultOutboxPayloadRetention = 2160 * time.Hour
 
 func (o Options) withDefaults() Options {
 	if o.MaxOpenConns <= 0 {
@@ -59,6 +66,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxRetries <= 0 {
 		o.MaxRetries = 5
+	}
+	if o.OutboxPayloadRetention <= 0 {
+		o.OutboxPayloadRetention = DefaultOutboxPayloadRetention
 	}
 	return o
 }

@@ -88,7 +88,7 @@ func Check(ctx context.Context, db *sql.DB, tenant string, ledger *Ledger, recei
 	// A fresh database has no statistics yet; without them the planner nests loops over tables of
 	// tens of thousands of rows, and the check takes minutes instead of a second.
 	if _, err := db.ExecContext(ctx, `ANALYZE streams, event_identities, inbound_payloads, audit_events, `+
-		`outbound_envelopes, outbox_messages, endpoints`); err != nil {
+		`outbound_envelopes, outbound_bodies, outbox_messages, endpoints`); err != nil {
 		return CheckResult{}, fmt.Errorf("analyze: %w", err)
 	}
 	invs, err := envctl.CheckInvariants(ctx, db)
@@ -372,9 +372,10 @@ func loadCursors(ctx context.Context, tx *sql.Tx, tenant string) (map[string]int
 func loadMessages(ctx context.Context, tx *sql.Tx, tenant string) (map[string]*dbMessage, error) {
 	rows, err := tx.QueryContext(ctx, `
 SELECT m.message_id, m.status, m.last_error_code, m.attempts, m.lease_expiries, coalesce(m.delivered_at, m.dead_at),
-       coalesce(convert_from(o.envelope, 'UTF8')::jsonb ->> 'idempotency_key', '')
+       coalesce(convert_from(coalesce(b.envelope, o.envelope), 'UTF8')::jsonb ->> 'idempotency_key', '')
 FROM outbox_messages m
 LEFT JOIN outbound_envelopes o ON o.tenant_id = m.tenant_id AND o.event_identity = m.event_identity
+LEFT JOIN outbound_bodies b ON b.tenant_id = m.tenant_id AND b.event_identity = m.event_identity
 WHERE m.tenant_id = $1`, tenant)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)

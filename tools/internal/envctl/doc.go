@@ -30,6 +30,7 @@
 //	envctl outbox show --tenant T --id M                                 (+)
 //	envctl outbox attempts --tenant T --id M                             (§8.8)
 //	envctl verify                                                        (+)
+//	envctl outbox backfill-bodies [--batch N] [--pause D] [--retention D] (+, migration 0008's backfill)
 //
 // Every database command reads DATABASE_URL, or --database-url, and gives up after --timeout.
 //

@@ -116,11 +116,13 @@ func commands() []*command {
 			{name: "replay", summary: "put one dead letter (--id), or a project's matching ones (--dry-run|--yes), back to pending", run: runDLQReplay,
 				example: "envctl dlq replay --tenant acme --project field --code http_5xx --since 2026-01-02T00:00:00Z --dry-run"},
 		}},
-		{name: "outbox", summary: "inspect outbox messages and their delivery attempts", subs: []*command{
+		{name: "outbox", summary: "inspect outbox messages and their delivery attempts; move old outbound bodies", subs: []*command{
 			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow,
 				example: "envctl outbox show --tenant acme --id msg_0123456789abcdef01234567"},
 			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts,
 				example: "envctl outbox attempts --tenant acme --id msg_0123456789abcdef01234567"},
+			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies,
+				example: "envctl outbox backfill-bodies --retention 2160h --pause 100ms"},
 		}},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify,
 			example: "envctl verify --database-url \"$RESTORED_DATABASE_URL\""},

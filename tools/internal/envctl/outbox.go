@@ -269,6 +269,8 @@ type statusLine struct {
 	LastErrorCode *string `json:"last_error_code"`
 	NextAttemptAt *string `json:"next_attempt_at"`
 	DeliveredAt   *string `json:"delivered_at"`
+	// Only once the envelope's body expired, as the API says it (§8.9).
+	PayloadExpired bool `json:"payload_expired,omitempty"`
 }
 
 func newStatusLine(m store.MessageStatus) statusLine {
@@ -276,6 +278,7 @@ func newStatusLine(m store.MessageStatus) statusLine {
 		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
 		Attempts: m.Attempts, LastErrorCode: orNull(m.LastErrorCode),
 		NextAttemptAt: formatTimePtr(m.NextAttemptAt), DeliveredAt: formatTimePtr(m.DeliveredAt),
+		PayloadExpired: m.PayloadExpired,
 	}
 }
 
@@ -424,6 +427,8 @@ func (c *cli) replayRefusal(ctx context.Context, s *store.Store, path, tenant, i
 			return c.failure(path, "refused: message %s is not dead (status %s); only dead letters can be replayed", id, st.Status)
 		}
 		return c.failure(path, "refused: message %s is not dead; only dead letters can be replayed", id)
+	case errors.Is(err, store.ErrPayloadExpired):
+		return c.failure(path, "refused: the envelope body of message %s has expired (OUTBOX_PAYLOAD_RETENTION) and was deleted; there is nothing to send", id)
 	}
 	return c.storeFailure(path, err)
 }
@@ -480,6 +485,10 @@ walk:
 					// Replayed or removed by someone else since the page was read.
 					skipped++
 					fmt.Fprintf(c.Stderr, "skipped message %s: no longer a dead letter\n", dl.MessageID)
+				case errors.Is(err, store.ErrPayloadExpired):
+					// Nothing to send (§8.9); running again would not change that.
+					skipped++
+					fmt.Fprintf(c.Stderr, "skipped message %s: its envelope body expired (OUTBOX_PAYLOAD_RETENTION)\n", dl.MessageID)
 				case errors.Is(err, store.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 					fmt.Fprintf(c.Stderr, "stopped after %d replayed; audit correlation id %s\n", replayed, actor.CorrelationID)
 					return c.storeFailure(path, err)
@@ -594,4 +603,61 @@ func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) 
 		fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
 	}
 	return ExitOK
+}
+
+// runOutboxBackfillBodies moves the bodies releases before migration 0008
+// stored in outbound_envelopes.envelope to outbound_bodies (the expand
+// step's backfill; docs/operations.md, Rolling upgrades). It runs as the
+// schema owner, like migrate: no service role may read and clear the old
+// column. Batches are single short transactions, so it runs while
+// deliveries continue and can be stopped and run again at any time.
+func runOutboxBackfillBodies(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path, "[--batch N] [--pause D] [--retention D]")
+	batch := fs.Int("batch", store.MaxBackfillBatch, fmt.Sprintf("envelopes per transaction, 1-%d", store.MaxBackfillBatch))
+	pause := fs.Duration("pause", 0, "wait between transactions (pacing on a busy database)")
+	retention := fs.Duration("retention", store.DefaultOutboxPayloadRetention,
+		"the delivery-workers' OUTBOX_PAYLOAD_RETENTION: a moved body expires this long after its last message settled")
+	d := c.addDBFlags(fs, time.Hour)
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	switch {
+	case *batch < 1 || *batch > store.MaxBackfillBatch:
+		return c.usageError(path, "--batch must be between 1 and %d", store.MaxBackfillBatch)
+	case *pause < 0:
+		return c.usageError(path, "--pause must not be negative")
+	case *retention <= 0:
+		return c.usageError(path, "--retention must be positive")
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	var cur store.BackfillCursor
+	var moved, left, steps int
+	for {
+		st, err := s.BackfillBodies(cctx, cur, *batch, *retention)
+		if err != nil {
+			fmt.Fprintf(c.Stderr, "stopped after %d transactions (%d bodies moved); running it again resumes\n", steps, moved)
+			return c.storeFailure(path, err)
+		}
+		if st.Done {
+			break
+		}
+		moved, left, steps, cur = moved+st.Moved, left+st.Left, steps+1, st.Next
+		if *pause > 0 {
+			select {
+			case <-cctx.Done():
+			case <-time.After(*pause):
+			}
+		}
+	}
+	// left counts bodies whose envelope still has a message pending or
+	// delivering; they move on a later run, once it settled.
+	return c.printJSON(path, struct {
+		Moved        int `json:"moved"`
+		LeftInFlight int `json:"left_in_flight"`
+		Transactions int `json:"transactions"`
+	}{moved, left, steps})
 }

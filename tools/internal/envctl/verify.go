@@ -91,6 +91,16 @@ WHERE NOT EXISTS (SELECT FROM outbound_envelopes o
                   WHERE o.tenant_id = m.tenant_id AND o.event_identity = m.event_identity)`,
 		},
 		{
+			name: "message_in_flight_without_body",
+			why:  "a pending or delivering outbox message whose envelope body is gone (in neither outbound_bodies nor the old column): its next attempt has nothing to send",
+			query: `
+SELECT count(*) FROM outbox_messages m
+WHERE m.status IN ('pending', 'delivering')
+  AND NOT EXISTS (SELECT FROM outbound_bodies b WHERE b.tenant_id = m.tenant_id AND b.event_identity = m.event_identity)
+  AND NOT EXISTS (SELECT FROM outbound_envelopes o
+                  WHERE o.tenant_id = m.tenant_id AND o.event_identity = m.event_identity AND o.envelope IS NOT NULL)`,
+		},
+		{
 			name: "message_without_endpoint",
 			why:  "an outbox message whose endpoint is missing: it can never be claimed",
 			query: `

@@ -211,6 +211,13 @@ func TestVerifyBroken(t *testing.T) {
 			want: map[string]int64{"message_without_envelope": 2},
 		},
 		{
+			name: "outbound body lost while its messages wait",
+			stmts: func(p populated) []string {
+				return []string{`DELETE FROM outbound_bodies WHERE event_identity = decode('` + p.identLast + `', 'hex')`}
+			},
+			want: map[string]int64{"message_in_flight_without_body": 1},
+		},
+		{
 			name: "outbox messages lost",
 			stmts: func(p populated) []string {
 				return []string{`DELETE FROM outbox_messages WHERE event_identity = decode('` + p.identLast + `', 'hex')`}

@@ -66,7 +66,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	current := secrets.NewCurrent(set)
 
-	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxOpenConns: cfg.DBMaxOpenConns, ApplicationName: "delivery-worker"})
+	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxOpenConns: cfg.DBMaxOpenConns, ApplicationName: "delivery-worker",
+		OutboxPayloadRetention: cfg.OutboxPayloadRetention})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}

@@ -42,10 +42,22 @@ type Config struct {
 	StoreTimeout          time.Duration
 	DBMaxOpenConns        int
 	LogLevel              string
+	// OutboxPayloadRetention: how long an outbound envelope's body is kept
+	// after its last message settled (contract §8.9); this worker's settles
+	// fix that time.
+	OutboxPayloadRetention time.Duration
 	// PprofEnabled serves net/http/pprof on the metrics listener: off by
 	// default, since a profile shows whatever the process holds.
 	PprofEnabled bool
 }
+
+// Bounds of OUTBOX_PAYLOAD_RETENTION: under a second is a unit mistake (a
+// body could expire before a replay is even considered), over ten years
+// not a retention.
+const (
+	minOutboxPayloadRetention = time.Second
+	maxOutboxPayloadRetention = 10 * 365 * 24 * time.Hour
+)
 
 type setting struct {
 	env   string
@@ -59,21 +71,22 @@ func (s setting) flagName() string { return strings.ReplaceAll(strings.ToLower(s
 // getenv. -h prints usage to out and returns flag.ErrHelp.
 func Load(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	c := Config{
-		MetricsAddr:           ":9090",
-		SecretsReloadInterval: 5 * time.Second,
-		Lease:                 30 * time.Second,
-		BackoffBase:           time.Second,
-		BackoffMax:            10 * time.Minute,
-		HTTPTimeout:           10 * time.Second,
-		Concurrency:           2 * store.MaxClaim, // a full claim goes out while the previous one is still being sent
-		ClaimSize:             store.MaxClaim,
-		LimitTokens:           50,
-		LimitInterval:         time.Second,
-		PollInterval:          500 * time.Millisecond,
-		ShutdownGrace:         25 * time.Second,
-		StoreTimeout:          5 * time.Second,
-		DBMaxOpenConns:        8,
-		LogLevel:              "info",
+		MetricsAddr:            ":9090",
+		SecretsReloadInterval:  5 * time.Second,
+		Lease:                  30 * time.Second,
+		BackoffBase:            time.Second,
+		BackoffMax:             10 * time.Minute,
+		HTTPTimeout:            10 * time.Second,
+		Concurrency:            2 * store.MaxClaim, // a full claim goes out while the previous one is still being sent
+		ClaimSize:              store.MaxClaim,
+		LimitTokens:            50,
+		LimitInterval:          time.Second,
+		PollInterval:           500 * time.Millisecond,
+		ShutdownGrace:          25 * time.Second,
+		StoreTimeout:           5 * time.Second,
+		DBMaxOpenConns:         8,
+		LogLevel:               "info",
+		OutboxPayloadRetention: store.DefaultOutboxPayloadRetention,
 	}
 	// Unset until given: its default follows DELIVERY_CONCURRENCY.
 	var tenantMax optionalInt
@@ -97,6 +110,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		{"STORE_TIMEOUT", "deadline of each database operation", (*durationValue)(&c.StoreTimeout)},
 		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
 		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
+		{"OUTBOX_PAYLOAD_RETENTION", "how long an outbound envelope's body is kept after its last message was delivered or dead (Go duration, 1s to 87600h)", (*durationValue)(&c.OutboxPayloadRetention)},
 		{"PPROF_ENABLED", "serve /debug/pprof/ on the METRICS_ADDR listener (profiling; keep that address private)", (*boolValue)(&c.PprofEnabled)},
 	}
 	for _, s := range settings {
@@ -185,6 +199,8 @@ func (c Config) Validate() error {
 		return bad("STORE_TIMEOUT", "must be positive")
 	case c.DBMaxOpenConns < 1:
 		return bad("DB_MAX_OPEN_CONNS", "must be at least 1")
+	case c.OutboxPayloadRetention < minOutboxPayloadRetention || c.OutboxPayloadRetention > maxOutboxPayloadRetention:
+		return bad("OUTBOX_PAYLOAD_RETENTION", "must be between 1s and 87600h (10 years)")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

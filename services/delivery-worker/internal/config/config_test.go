@@ -39,7 +39,7 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.MetricsAddr != ":9090" || c.Lease != 30*time.Second || c.BackoffBase != time.Second ||
 		c.BackoffMax != 10*time.Minute || c.HTTPTimeout != 10*time.Second || c.AllowInsecureLoopback ||
-		c.ClaimSize != 100 || c.ShutdownGrace <= 0 {
+		c.ClaimSize != 100 || c.ShutdownGrace <= 0 || c.OutboxPayloadRetention != 2160*time.Hour {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -49,13 +49,14 @@ func TestFlagsMirrorEnvAndWin(t *testing.T) {
 	env["DELIVERY_LEASE"] = "1m"
 	env["DELIVERY_ALLOW_INSECURE_LOOPBACK"] = "true"
 	env["DELIVERY_CONCURRENCY"] = "4"
+	env["OUTBOX_PAYLOAD_RETENTION"] = "720h"
 	c, err := Load([]string{"--delivery-lease", "2m", "--delivery-http-timeout=20s", "--delivery-limit-tokens", "7",
-		"--delivery-limit-interval", "2s"}, envOf(env), &bytes.Buffer{})
+		"--delivery-limit-interval", "2s", "--outbox-payload-retention", "48h"}, envOf(env), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Lease != 2*time.Minute || c.HTTPTimeout != 20*time.Second || !c.AllowInsecureLoopback || c.Concurrency != 4 ||
-		c.LimitTokens != 7 || c.LimitInterval != 2*time.Second {
+		c.LimitTokens != 7 || c.LimitInterval != 2*time.Second || c.OutboxPayloadRetention != 48*time.Hour {
 		t.Fatalf("config %+v", c)
 	}
 	c, err = Load([]string{"--delivery-allow-insecure-loopback"}, envOf(base(t)), &bytes.Buffer{})
@@ -73,7 +74,7 @@ func TestHelpListsEverySettingAndHidesTheDSN(t *testing.T) {
 	for _, name := range []string{"DATABASE_URL", "METRICS_ADDR", "WEBHOOK_SECRETS_FILE", "DELIVERY_LEASE",
 		"DELIVERY_BACKOFF_BASE", "DELIVERY_BACKOFF_MAX", "DELIVERY_HTTP_TIMEOUT", "DELIVERY_ALLOW_INSECURE_LOOPBACK",
 		"DELIVERY_CONCURRENCY", "DELIVERY_TENANT_MAX_INFLIGHT", "-delivery-tenant-max-inflight", "DELIVERY_LIMIT_TOKENS", "DELIVERY_LIMIT_INTERVAL", "SHUTDOWN_GRACE",
-		"-delivery-allow-insecure-loopback", "-webhook-secrets-file"} {
+		"-delivery-allow-insecure-loopback", "-webhook-secrets-file", "OUTBOX_PAYLOAD_RETENTION", "-outbox-payload-retention"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s", name)
 		}
@@ -113,6 +114,11 @@ func TestRefusals(t *testing.T) {
 		{"bool", map[string]string{"DELIVERY_ALLOW_INSECURE_LOOPBACK": "yes please"}, nil, "not true or false"},
 		{"grace", map[string]string{"SHUTDOWN_GRACE": "0s"}, nil, "SHUTDOWN_GRACE"},
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, nil, "LOG_LEVEL"},
+		{"retention not a duration", map[string]string{"OUTBOX_PAYLOAD_RETENTION": "90d"}, nil, "OUTBOX_PAYLOAD_RETENTION: not a Go duration"},
+		{"retention zero", map[string]string{"OUTBOX_PAYLOAD_RETENTION": "0s"}, nil, "OUTBOX_PAYLOAD_RETENTION must be between 1s and 87600h"},
+		{"retention negative", nil, []string{"--outbox-payload-retention=-1h"}, "OUTBOX_PAYLOAD_RETENTION must be between"},
+		{"retention under a second", map[string]string{"OUTBOX_PAYLOAD_RETENTION": "500ms"}, nil, "OUTBOX_PAYLOAD_RETENTION"},
+		{"retention over ten years", map[string]string{"OUTBOX_PAYLOAD_RETENTION": "87601h"}, nil, "OUTBOX_PAYLOAD_RETENTION"},
 		{"unknown flag", nil, []string{"--nope"}, "invalid configuration"},
 		{"extra argument", nil, []string{"extra"}, "unexpected argument"},
 	}

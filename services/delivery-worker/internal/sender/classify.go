@@ -56,6 +56,8 @@ const (
 	// CodeSecretRefForeign: the worker refused to sign with a secret ref
 	// the message's tenant does not own (never sent).
 	CodeSecretRefForeign = "secret_ref_foreign"
+	// CodePayloadExpired: the message's envelope body is gone (never sent).
+	CodePayloadExpired = "payload_expired"
 )
 
 // Result classifies one attempt.

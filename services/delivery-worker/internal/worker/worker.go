@@ -360,9 +360,19 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	start := time.Now()
 	var res sender.Result
 	var err error
-	if c.SecretRefOwned {
+	switch {
+	case len(c.Body) == 0:
+		// The body expired while the message was in flight, which only a
+		// replay by a release older than migration 0008 (it does not clear
+		// the expiry) or a hand edit can cause. A signed empty body would
+		// reach the receiver as a valid webhook; retrying cannot bring the
+		// body back.
+		res = sender.Result{Verdict: sender.Dead, Code: sender.CodePayloadExpired}
+		w.log.Warn("message refused: its envelope body has expired; not sent",
+			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
+	case c.SecretRefOwned:
 		res, err = w.sender.Send(actx, sender.Message{ID: c.MessageID, URL: c.URL, SecretRef: c.SecretRef, Body: c.Body})
-	} else {
+	default:
 		// Signing with a ref the tenant does not own would sign its message
 		// with another tenant's secret; retrying cannot make the ref its own.
 		res = sender.Result{Verdict: sender.Dead, Code: sender.CodeSecretRefForeign}

@@ -523,3 +523,28 @@ func TestForeignSecretRefIsNeverSent(t *testing.T) {
 		t.Fatalf("%d refusals counted, want %d", n, len(refused))
 	}
 }
+
+// A message whose envelope body is gone (expired under it: a replay by an
+// older release, a hand edit) is dead at once with payload_expired and never
+// sent: a signed empty body would be a valid webhook.
+func TestMessageWithoutBodyIsNeverSent(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.endpoint("t1", "orders", rc.srv.URL+"/own", testRefs[0])
+	_, ids := e.enqueue("t1", "orders", 12)
+	if _, err := e.st.DB().DB.Exec(`DELETE FROM outbound_bodies`); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := newWorker(t, e.dsn, opts{})
+	cycleUntil(t, w, func() bool {
+		return e.count(`SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'delivering')`) == 0
+	})
+	for _, id := range ids {
+		if s := e.status("t1", id); s.Status != store.StatusDead || s.LastErrorCode != store.CodePayloadExpired {
+			t.Fatalf("message %s: %+v", id, s)
+		}
+		if n := rc.hits(id); n != 0 {
+			t.Fatalf("message %s sent %d times without a body", id, n)
+		}
+	}
+}

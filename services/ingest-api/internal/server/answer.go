@@ -45,7 +45,7 @@ func statusOf(reason wire.Reason) int {
 	switch reason {
 	case reasonNoSigningKey, reasonNoEndpoint:
 		return http.StatusUnprocessableEntity
-	case reasonNotDead:
+	case reasonNotDead, reasonPayloadExpired:
 		return http.StatusConflict
 	}
 	return reason.Status()

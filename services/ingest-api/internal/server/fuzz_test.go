@@ -193,7 +193,7 @@ var contractStatus = map[string]int{
 	"route_mismatch":  403, "unknown_key": 403, "key_retired": 403, "key_revoked": 403, "bad_signature": 403,
 	"forbidden":      403,
 	"event_conflict": 409, "sequence_conflict": 409, "below_replay_floor": 409, "sequence_too_far_ahead": 409,
-	"not_dead":             409,
+	"not_dead": 409, "payload_expired": 409,
 	"idempotency_conflict": 422, "no_signing_key": 422, "no_endpoint": 422,
 	"body_too_large": 413,
 	"rate_limited":   429,

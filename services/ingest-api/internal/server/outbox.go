@@ -26,6 +26,9 @@ const (
 	reasonNoEndpoint          = "no_endpoint"
 	reasonIdempotencyConflict = "idempotency_conflict"
 	reasonNotDead             = "not_dead"
+	// reasonPayloadExpired: a replay of a dead letter whose envelope body
+	// the retention-janitor deleted (§8.9).
+	reasonPayloadExpired = "payload_expired"
 )
 
 // outboxRequest is a checked POST /v1/outbox body.
@@ -224,11 +227,16 @@ func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
 		return enqueueReply{}, err
 	}
 	// Written by hand so the stored envelope goes out byte for byte: it is
-	// what was signed, and a repeat must be byte-identical. The body is left
-	// open so a batch can add its "status".
+	// what was signed, and a repeat must be byte-identical. A repeat after
+	// the body expired has none (§8.9). The body is left open so a batch can
+	// add its "status".
 	out := make([]byte, 0, len(res.Envelope)+len(idsJSON)+48)
 	out = append(out, `{"envelope":`...)
-	out = append(out, res.Envelope...)
+	if res.PayloadExpired {
+		out = append(out, `null,"payload_expired":true`...)
+	} else {
+		out = append(out, res.Envelope...)
+	}
 	out = append(out, `,"message_ids":`...)
 	out = append(out, idsJSON...)
 	rep.body = out
@@ -424,6 +432,8 @@ type outboxStatus struct {
 	LastErrorCode *string `json:"last_error_code"`
 	NextAttemptAt *string `json:"next_attempt_at"`
 	DeliveredAt   *string `json:"delivered_at"`
+	// Only once the envelope's body expired (§8.9).
+	PayloadExpired bool `json:"payload_expired,omitempty"`
 }
 
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
@@ -440,6 +450,7 @@ func statusBody(m store.MessageStatus) outboxStatus {
 	b := outboxStatus{
 		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
 		Attempts: m.Attempts, NextAttemptAt: optTime(m.NextAttemptAt), DeliveredAt: optTime(m.DeliveredAt),
+		PayloadExpired: m.PayloadExpired,
 	}
 	if m.LastErrorCode != "" {
 		code := m.LastErrorCode
@@ -621,6 +632,8 @@ func (s *Server) replayDeadLetter(c echo.Context) error {
 		return s.refuse(c, reasonNotFound)
 	case errors.Is(err, store.ErrNotDead):
 		return s.refuse(c, reasonNotDead)
+	case errors.Is(err, store.ErrPayloadExpired):
+		return s.refuse(c, reasonPayloadExpired)
 	case err != nil:
 		return s.unavailable(c, "replay_dead_letter", err)
 	}

@@ -28,12 +28,14 @@ func outboxBatchBody(items ...[]byte) []byte {
 // batchItem is one result of POST /v1/outbox/batch: an enqueue answer or a
 // refusal, plus its status.
 type batchItem struct {
-	Envelope      json.RawMessage `json:"envelope"`
-	MessageIDs    []string        `json:"message_ids"`
-	Outcome       wire.Outcome    `json:"outcome"`
-	Reason        wire.Reason     `json:"reason"`
-	CorrelationID string          `json:"correlation_id"`
-	Status        int             `json:"status"`
+	Envelope   json.RawMessage `json:"envelope"`
+	MessageIDs []string        `json:"message_ids"`
+	// A repeat whose envelope body expired (§8.9).
+	PayloadExpired bool         `json:"payload_expired"`
+	Outcome        wire.Outcome `json:"outcome"`
+	Reason         wire.Reason  `json:"reason"`
+	CorrelationID  string       `json:"correlation_id"`
+	Status         int          `json:"status"`
 }
 
 func (o *outboxFixture) batchResults(r resp) []batchItem {

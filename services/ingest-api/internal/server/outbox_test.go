@@ -188,7 +188,7 @@ func TestOutboxEnqueueAndRepeat(t *testing.T) {
 	// active endpoint, none for the disabled one or the other topic.
 	var stored []byte
 	if err := o.st.DB().DB.QueryRowContext(context.Background(),
-		`SELECT envelope FROM outbound_envelopes WHERE tenant_id = $1`, tenantA).Scan(&stored); err != nil {
+		`SELECT envelope FROM outbound_bodies WHERE tenant_id = $1`, tenantA).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(stored, a.Envelope) {
@@ -507,6 +507,8 @@ type statusAnswer struct {
 	LastErrorCode *string `json:"last_error_code"`
 	NextAttemptAt *string `json:"next_attempt_at"`
 	DeliveredAt   *string `json:"delivered_at"`
+	// Present only once the body expired (§8.9).
+	PayloadExpired *bool `json:"payload_expired"`
 }
 
 func (f *fixture) status(token, id string) statusAnswer {
@@ -704,6 +706,61 @@ func TestDeadLettersAndReplay(t *testing.T) {
 	if err != nil || len(claimed) != 1 || claimed[0].MessageID != id || !bytes.Equal(claimed[0].Body, a.Envelope) ||
 		claimed[0].Attempt != before.Attempts+1 {
 		t.Fatalf("claim after replay: %+v %v", claimed, err)
+	}
+}
+
+// TestOutboxAfterPayloadExpiry: once the retention-janitor deleted an
+// envelope's body (§8.9), status adds payload_expired, the same enqueue
+// answers 200 with a null envelope and the original ids, other content is
+// still a conflict, and a replay of its dead letter is 409 payload_expired.
+func TestOutboxAfterPayloadExpiry(t *testing.T) {
+	o := newOutboxFixture(t)
+	a, _ := o.enqueued(o.postOutbox(o.service, outboxBody("k-1", "")), http.StatusCreated, o.pub)
+	if s := o.status(o.service, a.MessageIDs[0]); s.PayloadExpired != nil {
+		t.Fatalf("payload_expired before expiry: %+v", s)
+	}
+	kill(t, o.fixture, tenantA, a.MessageIDs...)
+	// The settles fixed the expiry at now + the default 2160h; the janitor
+	// runs past it.
+	for {
+		d, err := o.st.DeleteExpiredOutbound(context.Background(), time.Now().Add(2200*time.Hour), store.MaxDeleteBatch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Bodies == 0 && d.Attempts == 0 {
+			break
+		}
+	}
+	for _, id := range a.MessageIDs {
+		s := o.status(o.operator, id)
+		if s.Status != "dead" || s.PayloadExpired == nil || !*s.PayloadExpired {
+			t.Fatalf("status after expiry %+v", s)
+		}
+	}
+	r := o.postOutbox(o.service, outboxBody("k-1", ""))
+	if r.status != http.StatusOK {
+		t.Fatalf("repeat after expiry: %d %s", r.status, r.body)
+	}
+	var rep struct {
+		Envelope       json.RawMessage `json:"envelope"`
+		PayloadExpired bool            `json:"payload_expired"`
+		MessageIDs     []string        `json:"message_ids"`
+	}
+	decodeStrict(t, r.body, &rep)
+	if string(rep.Envelope) != "null" || !rep.PayloadExpired || !slices.Equal(rep.MessageIDs, a.MessageIDs) {
+		t.Fatalf("repeat after expiry: %s", r.body)
+	}
+	// The batch route answers such an item the same way, with its status.
+	items := o.batchResults(o.postOutboxBatch(o.service, outboxBatchBody(outboxBody("k-1", ""))))
+	if len(items) != 1 || string(items[0].Envelope) != "null" || !items[0].PayloadExpired ||
+		!slices.Equal(items[0].MessageIDs, a.MessageIDs) || items[0].Status != http.StatusOK {
+		t.Fatalf("batch repeat after expiry: %+v", items)
+	}
+	wantRefusal(t, o.postOutbox(o.service, outboxBody("k-1", "other")), 422, "idempotency_conflict")
+	wantRefusal(t, o.do(req{method: http.MethodPost, path: "/v1/dead-letters/" + a.MessageIDs[0] + "/replay", token: o.operator}),
+		409, "payload_expired")
+	if s := o.status(o.operator, a.MessageIDs[0]); s.Status != "dead" {
+		t.Fatalf("refused replay changed the message: %+v", s)
 	}
 }
 

@@ -85,7 +85,7 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 	settings := []setting{
 		{"DATABASE_URL", "PostgreSQL URL for the envelopeworker_janitor role (required)", ""},
 		{"JANITOR_TIMEOUT", "Go duration bounding one cycle of deletes", DefaultTimeout.String()},
-		{"JANITOR_BATCH_SIZE", "payload rows deleted per batch, 1-1000", strconv.Itoa(DefaultBatchSize)},
+		{"JANITOR_BATCH_SIZE", "rows deleted per batch (inbound payloads, outbound bodies, attempt rows), 1-1000", strconv.Itoa(DefaultBatchSize)},
 		{"JANITOR_MAX_ROWS_PER_SECOND", "average cap on payload rows deleted per second; 0: no cap", strconv.Itoa(DefaultMaxRowsPerSecond)},
 		{"JANITOR_WAL_COMPRESSION", "wal_compression of the janitor's sessions: off, pglz, lz4, zstd, or server (the server's setting)", DefaultWALCompression},
 		{"PUSHGATEWAY_URL", "Prometheus Pushgateway base URL; empty: metrics only in the summary log line", ""},

@@ -1,5 +1,7 @@
 // Package janitor owns the retention-janitor run: one cycle that deletes
-// expired inbound payloads (contract §5) and exits, as a Kubernetes CronJob.
+// expired inbound payloads (contract §5), then expired outbound envelope
+// bodies and their delivery attempt rows (§8.9), and exits, as a Kubernetes
+// CronJob.
 //
 // A cycle deletes payload rows whose expires_at has passed, at most
 // Config.BatchSize (≤ 1,000) rows per DELETE, until a DELETE finds none due
@@ -14,6 +16,16 @@
 // sent again is still a duplicate. The janitor's PostgreSQL role,
 // envelopeworker_janitor, holds SELECT and DELETE on inbound_payloads and
 // nothing else, so the database enforces this too.
+//
+// Outbound bodies (store.DeleteExpiredOutbound) go the same way, after the
+// payloads, in the same cycle budget, batch size and pace: first the attempt
+// rows of the messages of expired bodies, then the bodies, one DELETE of at
+// most Config.BatchSize rows each. A body is deleted only when none of its
+// envelope's messages is pending or delivering, whatever its expiry says.
+// Message ids, statuses, idempotency keys and sequences stay. For this the
+// role also holds SELECT and DELETE on outbound_bodies and outbox_attempts
+// and SELECT on four columns of outbox_messages (which messages are in
+// flight), and nothing more (migration 0008).
 //
 // Overlapping runs. A CronJob can start twice (a missed schedule caught up, a
 // retried pod); concurrencyPolicy Forbid does not cover every case. A run
@@ -32,8 +44,9 @@
 // stays an operator action, envctl key prune, under the operator role.
 //
 // Reporting. Every run that got its configuration writes exactly one JSON log
-// line, msg "retention summary", with rows_deleted, batches, duration_seconds
-// and stopped_by (done, timeout, canceled, lock_held or error). With
+// line, msg "retention summary", with rows_deleted, batches,
+// outbound_bodies_deleted, outbound_attempts_deleted, outbound_batches,
+// duration_seconds and stopped_by (done, timeout, canceled, lock_held or error). With
 // PUSHGATEWAY_URL set the same figures are pushed to a Prometheus Pushgateway
 // under job "envelopeworker_retention_janitor": a successful run replaces the
 // group (PUT), a failed run updates only its own figures (POST) so that

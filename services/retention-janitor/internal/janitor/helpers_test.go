@@ -75,11 +75,40 @@ func (f *fixture) seed(t testing.TB, from, to, expired int64) {
 		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, expired)
 }
 
+// seedOutbound adds outbound envelopes from..to of tenant t1, each with one
+// message of endpoint ep1 and two attempt rows, and a body: delivered a day
+// ago past its expiry for the first expired ones, delivered and expiring in
+// a day for the rest. held is one more envelope whose body expired but
+// whose message was replayed and is pending: the janitor must keep it.
+func (f *fixture) seedOutbound(t testing.TB, from, to, expired int64) {
+	t.Helper()
+	f.exec(t, `INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
+		VALUES ('t1', 'ep1', 'p1', 'x', 'https://hooks.example.test/', 'sec-1') ON CONFLICT DO NOTHING`)
+	f.exec(t, `INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
+			idempotency_digest, request_digest)
+		SELECT 't1', sha256(('o' || i)::bytea), 'p1', 'svc', i, 'x', sha256(('oi' || i)::bytea), sha256(('or' || i)::bytea)
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to)
+	f.exec(t, `INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity, status,
+			attempts, max_attempts, budget, next_attempt_at, delivered_at)
+		SELECT 't1', 'msg_' || lpad(to_hex(i), 24, '0'), 'p1', 'x', 'ep1', sha256(('o' || i)::bytea),
+		       CASE WHEN i = $2::bigint THEN 'pending' ELSE 'delivered' END, 2, 12, 12,
+		       CASE WHEN i = $2::bigint THEN now() END, CASE WHEN i < $2::bigint THEN now() - interval '91 days' END
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to)
+	f.exec(t, `INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, result)
+		SELECT 't1', 'msg_' || lpad(to_hex(i), 24, '0'), a, now() - interval '91 days', 4, 'retry'
+		FROM generate_series($1::bigint, $2::bigint) AS i, generate_series(1, 2) AS a`, from, to)
+	f.exec(t, `INSERT INTO outbound_bodies (tenant_id, event_identity, envelope, expires_at)
+		SELECT 't1', sha256(('o' || i)::bytea), convert_to('{"o":' || i || '}', 'UTF8'),
+		       CASE WHEN i < $1::bigint + $3::bigint OR i = $2::bigint THEN now() - interval '1 day' ELSE now() + interval '1 day' END
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, expired)
+}
+
 // snapshot fingerprints every table the janitor must leave alone.
 func (f *fixture) snapshot(t testing.TB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, table := range []string{"credentials", "producer_keys", "streams", "event_identities", "audit_events", "schema_migrations"} {
+	for _, table := range []string{"credentials", "producer_keys", "streams", "event_identities", "audit_events", "schema_migrations",
+		"endpoints", "outbound_streams", "outbound_envelopes", "outbox_messages"} {
 		var s sql.NullString
 		q := `SELECT count(*)::text || ':' || coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '') FROM ` + table + ` AS x`
 		if err := f.admin.QueryRow(q).Scan(&s); err != nil {
@@ -158,16 +187,19 @@ func (r *recorder) DeleteExpiredPayloads(ctx context.Context, now time.Time, bat
 
 // summaryLine is the decoded summary log line.
 type summaryLine struct {
-	Level           string  `json:"level"`
-	Msg             string  `json:"msg"`
-	RowsDeleted     int64   `json:"rows_deleted"`
-	Batches         int     `json:"batches"`
-	DurationSeconds float64 `json:"duration_seconds"`
-	StoppedBy       string  `json:"stopped_by"`
-	WALCompression  string  `json:"wal_compression"`
-	SyncCommit      string  `json:"synchronous_commit"`
-	Pushed          bool    `json:"pushed"`
-	Error           string  `json:"error"`
+	Level            string  `json:"level"`
+	Msg              string  `json:"msg"`
+	RowsDeleted      int64   `json:"rows_deleted"`
+	Batches          int     `json:"batches"`
+	DurationSeconds  float64 `json:"duration_seconds"`
+	StoppedBy        string  `json:"stopped_by"`
+	WALCompression   string  `json:"wal_compression"`
+	SyncCommit       string  `json:"synchronous_commit"`
+	Pushed           bool    `json:"pushed"`
+	OutboundBodies   int64   `json:"outbound_bodies_deleted"`
+	OutboundAttempts int64   `json:"outbound_attempts_deleted"`
+	OutboundBatches  int     `json:"outbound_batches"`
+	Error            string  `json:"error"`
 }
 
 // runJanitor runs the whole binary's logic and returns its one summary line.

@@ -28,6 +28,10 @@ const (
 	MetricStoppedBy     = "envelopeworker_janitor_last_run_stopped_by"
 	MetricRunTimestamp  = "envelopeworker_janitor_last_run_timestamp_seconds"
 	MetricLastSuccessTS = "envelopeworker_janitor_last_success_timestamp_seconds"
+	// Outbound retention (§8.9).
+	MetricOutboundBodiesDeleted   = "envelopeworker_janitor_last_run_outbound_bodies_deleted"
+	MetricOutboundAttemptsDeleted = "envelopeworker_janitor_last_run_outbound_attempts_deleted"
+	MetricOutboundBatches         = "envelopeworker_janitor_last_run_outbound_batches"
 )
 
 // registry builds a private registry holding the run's figures. The success
@@ -44,6 +48,9 @@ func registry(s Summary, failed bool, end time.Time) *prometheus.Registry {
 	}
 	gauge(MetricRowsDeleted, "Expired payload rows deleted by the last run.", float64(s.RowsDeleted))
 	gauge(MetricBatches, "DELETE batches that removed rows in the last run.", float64(s.Batches))
+	gauge(MetricOutboundBodiesDeleted, "Expired outbound envelope bodies deleted by the last run.", float64(s.OutboundBodiesDeleted))
+	gauge(MetricOutboundAttemptsDeleted, "Delivery attempt rows of expired outbound envelopes deleted by the last run.", float64(s.OutboundAttemptsDeleted))
+	gauge(MetricOutboundBatches, "Outbound DELETE batches that removed rows in the last run.", float64(s.OutboundBatches))
 	gauge(MetricDuration, "Wall time of the last run.", s.Duration.Seconds())
 	gauge(MetricRunTimestamp, "Unix time the last run ended.", float64(end.UnixNano())/1e9)
 	success := 1.0

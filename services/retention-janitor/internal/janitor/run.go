@@ -72,6 +72,9 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 		attrs := []any{
 			slog.Int64("rows_deleted", sum.RowsDeleted),
 			slog.Int("batches", sum.Batches),
+			slog.Int64("outbound_bodies_deleted", sum.OutboundBodiesDeleted),
+			slog.Int64("outbound_attempts_deleted", sum.OutboundAttemptsDeleted),
+			slog.Int("outbound_batches", sum.OutboundBatches),
 			slog.Float64("duration_seconds", sum.Duration.Seconds()),
 			slog.String("stopped_by", string(sum.StoppedBy)),
 			slog.Int("batch_size", cfg.BatchSize),
@@ -145,7 +148,15 @@ func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
 
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
 	defer cancel()
-	sum, err = Sweep(cycleCtx, st, cutoff, Pace{Batch: cfg.BatchSize, RowsPerSecond: cfg.MaxRowsPerSecond})
+	pace := Pace{Batch: cfg.BatchSize, RowsPerSecond: cfg.MaxRowsPerSecond}
+	if sum, err = Sweep(cycleCtx, st, cutoff, pace); err != nil || sum.StoppedBy != StoppedDone {
+		return err
+	}
+	// Outbound bodies after inbound payloads, in the same cycle budget and
+	// at the same pace (§8.9).
+	out, err := SweepOutbound(cycleCtx, st, cutoff, pace)
+	sum.OutboundBodiesDeleted, sum.OutboundAttemptsDeleted = out.OutboundBodiesDeleted, out.OutboundAttemptsDeleted
+	sum.OutboundBatches, sum.StoppedBy = out.OutboundBatches, out.StoppedBy
 	return err
 }
 

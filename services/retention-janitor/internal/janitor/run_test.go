@@ -98,6 +98,8 @@ func TestRunWALCompression(t *testing.T) {
 		f.exec(t, `GRANT USAGE ON SCHEMA public TO `+role)
 		f.exec(t, `GRANT SELECT ON schema_migrations TO `+role)
 		f.exec(t, `GRANT SELECT, DELETE ON inbound_payloads TO `+role)
+		f.exec(t, `GRANT SELECT, DELETE ON outbound_bodies, outbox_attempts TO `+role)
+		f.exec(t, `GRANT SELECT (tenant_id, message_id, event_identity, status) ON outbox_messages TO `+role)
 		run(t, storetest.DSNForRole(f.adminDSN, role), server, true)
 	})
 }
@@ -377,7 +379,8 @@ func TestRunPushesMetrics(t *testing.T) {
 	if p.method != http.MethodPut || p.path != "/metrics/job/"+PushJob {
 		t.Fatalf("push %s %s", p.method, p.path)
 	}
-	want := []string{MetricRowsDeleted, MetricBatches, MetricDuration, MetricSuccess, MetricStoppedBy, MetricRunTimestamp, MetricLastSuccessTS, buildinfo.MetricName}
+	want := []string{MetricRowsDeleted, MetricBatches, MetricDuration, MetricSuccess, MetricStoppedBy, MetricRunTimestamp, MetricLastSuccessTS,
+		MetricOutboundBodiesDeleted, MetricOutboundAttemptsDeleted, MetricOutboundBatches, buildinfo.MetricName}
 	if len(p.families) != len(want) {
 		t.Errorf("pushed %d families, want %d: %v", len(p.families), len(want), p.families)
 	}
@@ -567,5 +570,45 @@ func TestRunSIGTERMDuringADeleteRollsItBack(t *testing.T) {
 	// The cancelled DELETE rolled back: all ten rows are still there.
 	if expired, _ := f.payloads(t); expired != 10 {
 		t.Fatalf("expired payloads = %d, want 10", expired)
+	}
+}
+
+// TestRunDeletesExpiredOutboundBodies runs the janitor over inbound payloads
+// and outbound bodies (§8.9): expired bodies go with their attempt rows, in
+// batches of at most JANITOR_BATCH_SIZE, after the inbound payloads; a body
+// whose message is in flight stays however expired; identities, messages,
+// endpoints and sequences stay.
+func TestRunDeletesExpiredOutboundBodies(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seed(t, 1, 300, 100)
+	f.seedOutbound(t, 1, 271, 250) // 250 expired, 20 live, 1 held
+	before := f.snapshot(t)
+	gw := newGateway(t, http.StatusOK)
+	sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": f.janitorDSN,
+		"PUSHGATEWAY_URL": gw.URL, "JANITOR_BATCH_SIZE": "100"})
+	if err != nil || sum.StoppedBy != "done" {
+		t.Fatalf("run: %+v, %v\n%s", sum, err, raw)
+	}
+	// 500 attempt rows in 5 batches, then 250 bodies in 3.
+	if sum.RowsDeleted != 100 || sum.OutboundBodies != 250 || sum.OutboundAttempts != 500 || sum.OutboundBatches != 8 {
+		t.Fatalf("summary %+v, want 100 payloads, 250 bodies, 500 attempt rows in 8 batches", sum)
+	}
+	f.assertUntouched(t, before)
+	if n := f.count(t, `SELECT count(*) FROM outbound_bodies`); n != 21 {
+		t.Fatalf("%d bodies left, want the 20 live and the held one", n)
+	}
+	if n := f.count(t, `SELECT count(*) FROM outbox_attempts`); n != 42 {
+		t.Fatalf("%d attempt rows left, want those of the 21 bodies left", n)
+	}
+	reqs := gw.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("pushes = %d", len(reqs))
+	}
+	for name, want := range map[string]float64{MetricOutboundBodiesDeleted: 250, MetricOutboundAttemptsDeleted: 500,
+		MetricOutboundBatches: 8, MetricRowsDeleted: 100} {
+		if v := gaugeValue(t, reqs[0].families, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
 // StopReason says why a run ended; it is the summary's stopped_by.
@@ -12,7 +14,7 @@ type StopReason string
 
 // Stop reasons.
 const (
-	StoppedDone     StopReason = "done"      // no expired payload left
+	StoppedDone     StopReason = "done"      // no expired payload (inbound or outbound) left
 	StoppedTimeout  StopReason = "timeout"   // JANITOR_TIMEOUT reached
 	StoppedCanceled StopReason = "canceled"  // SIGTERM or caller cancelled
 	StoppedLockHeld StopReason = "lock_held" // another run holds the lock
@@ -28,12 +30,24 @@ type Deleter interface {
 	DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error)
 }
 
+// OutboundDeleter deletes expired outbound bodies and their attempt rows
+// (contract §8.9), one DELETE of at most batch rows a call; *store.Store
+// implements it.
+type OutboundDeleter interface {
+	DeleteExpiredOutbound(ctx context.Context, now time.Time, batch int) (store.OutboundDeleted, error)
+}
+
 // Summary is the outcome of a run.
 type Summary struct {
 	RowsDeleted int64
 	Batches     int // DELETE statements that removed at least one row
 	Duration    time.Duration
 	StoppedBy   StopReason
+	// Outbound retention (§8.9): bodies and attempt rows deleted, and the
+	// DELETE statements that removed at least one.
+	OutboundBodiesDeleted   int64
+	OutboundAttemptsDeleted int64
+	OutboundBatches         int
 }
 
 // Pace is how fast a sweep may go.
@@ -62,6 +76,33 @@ type Pace struct {
 // store error ends the sweep with StoppedError and is returned. Duration is
 // left to the caller, which times the whole run.
 func Sweep(ctx context.Context, d Deleter, now time.Time, pace Pace) (Summary, error) {
+	var s Summary
+	rows, batches, stop, err := paced(ctx, pace, "delete expired payloads", func(ctx context.Context) (int, error) {
+		return d.DeleteExpiredPayloads(ctx, now, pace.Batch)
+	})
+	s.RowsDeleted, s.Batches, s.StoppedBy = rows, batches, stop
+	return s, err
+}
+
+// SweepOutbound deletes the outbound bodies expired at now, and their
+// messages' attempt rows first, as Sweep does inbound payloads: batches of
+// at most pace.Batch rows, the same pacing, the same stops. It fills the
+// Outbound* fields and StoppedBy.
+func SweepOutbound(ctx context.Context, d OutboundDeleter, now time.Time, pace Pace) (Summary, error) {
+	var s Summary
+	_, batches, stop, err := paced(ctx, pace, "delete expired outbound bodies", func(ctx context.Context) (int, error) {
+		got, err := d.DeleteExpiredOutbound(ctx, now, pace.Batch)
+		s.OutboundBodiesDeleted += int64(got.Bodies)
+		s.OutboundAttemptsDeleted += int64(got.Attempts)
+		return got.Bodies + got.Attempts, err
+	})
+	s.OutboundBatches, s.StoppedBy = batches, stop
+	return s, err
+}
+
+// paced runs step (one DELETE of at most pace.Batch rows) until it deletes
+// none or ctx ends, spacing full batches to pace.RowsPerSecond.
+func paced(ctx context.Context, pace Pace, what string, step func(context.Context) (int, error)) (rows int64, batches int, stop StopReason, err error) {
 	clock, sleep := pace.now, pace.sleep
 	if clock == nil {
 		clock = time.Now
@@ -70,28 +111,23 @@ func Sweep(ctx context.Context, d Deleter, now time.Time, pace Pace) (Summary, e
 		sleep = sleepCtx
 	}
 	began := clock()
-	var s Summary
 	for {
 		if ctx.Err() != nil {
-			s.StoppedBy = stopReason(ctx)
-			return s, nil
+			return rows, batches, stopReason(ctx), nil
 		}
-		n, err := d.DeleteExpiredPayloads(ctx, now, pace.Batch)
+		n, err := step(ctx)
 		if err != nil {
 			// A statement cancelled by the end of ctx rolled back whole.
 			if ctx.Err() != nil {
-				s.StoppedBy = stopReason(ctx)
-				return s, nil
+				return rows, batches, stopReason(ctx), nil
 			}
-			s.StoppedBy = StoppedError
-			return s, fmt.Errorf("delete expired payloads (after %d batches): %w", s.Batches, err)
+			return rows, batches, StoppedError, fmt.Errorf("%s (after %d batches): %w", what, batches, err)
 		}
 		if n == 0 {
-			s.StoppedBy = StoppedDone
-			return s, nil
+			return rows, batches, StoppedDone, nil
 		}
-		s.RowsDeleted += int64(n)
-		s.Batches++
+		rows += int64(n)
+		batches++
 		if n < pace.Batch {
 			// A short batch took the last due rows; the next finds none and
 			// need not wait for its turn.
@@ -99,8 +135,8 @@ func Sweep(ctx context.Context, d Deleter, now time.Time, pace Pace) (Summary, e
 		}
 		if pace.RowsPerSecond > 0 {
 			rate := int64(pace.RowsPerSecond)
-			due := began.Add(time.Duration(s.RowsDeleted/rate)*time.Second +
-				time.Duration(s.RowsDeleted%rate)*time.Second/time.Duration(rate))
+			due := began.Add(time.Duration(rows/rate)*time.Second +
+				time.Duration(rows%rate)*time.Second/time.Duration(rate))
 			if wait := due.Sub(clock()); wait > 0 {
 				sleep(ctx, wait)
 			}
