@@ -157,8 +157,13 @@ func TestReceiverEffectsExactlyOnceAcrossSIGKILL(t *testing.T) {
 	rx.mu.Lock()
 	restarts := rx.restarts
 	rx.mu.Unlock()
-	if restarts < messages/crashEvery {
-		t.Fatalf("receiver restarted %d times, want at least %d (one per crash)", restarts, messages/crashEvery)
+	// Each crash kills the requests in flight beside it too: one of them
+	// whose effect had already committed (its sequence a multiple of
+	// crashEvery) is a duplicate on its retry and crashes nothing, so
+	// concurrent deliveries can make fewer crashes than multiples. At least
+	// one crash is what the test needs to mean something.
+	if restarts < 1 || restarts > messages/crashEvery {
+		t.Fatalf("receiver restarted %d times, want 1..%d (one per crash)", restarts, messages/crashEvery)
 	}
 	t.Logf("%d messages, %d receiver crashes between effect and answer, every effect once", messages, restarts)
 }
