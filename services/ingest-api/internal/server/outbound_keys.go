@@ -3,12 +3,10 @@ package server
 import (
 	"context"
 	"encoding/base64"
-	"net/http"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/envelopeworker/envelopeworker/modules/receiver"
-	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
@@ -19,28 +17,19 @@ import (
 // list: having no key is a state, not an error, and a receiver treats it
 // as "nothing verifies yet".
 func (s *Server) getOutboundKeys(c echo.Context) error {
-	id, ok := s.admit(c)
-	if !ok {
-		return nil
-	}
-	if id.Role != store.RoleService && id.Role != store.RoleOperator {
-		return s.refuse(c, reasonForbidden)
-	}
-	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
-	defer cancel()
-	keys, err := outboundkeys.PublicKeys(ctx, s.keys, id.TenantID)
-	if err != nil {
-		return s.unavailable(c, "outbound_keys", err)
-	}
-	ans := receiver.OutboundKeys{Keys: make([]receiver.OutboundKey, 0, len(keys))}
-	for _, k := range keys {
-		ans.Keys = append(ans.Keys, receiver.OutboundKey{
-			KeyID:     k.KeyID,
-			PublicKey: base64.RawURLEncoding.EncodeToString(k.Key),
-			Current:   k.Current,
-		})
-	}
-	state(c).outcome = "read"
-	writeJSON(c, http.StatusOK, ans)
-	return nil
+	return serveTenantRead(s, c, "outbound_keys", func(ctx context.Context, tenant string) (any, error) {
+		keys, err := outboundkeys.PublicKeys(ctx, s.keys, tenant)
+		if err != nil {
+			return nil, err // never ErrNotFound: a tenant without a key has an empty list
+		}
+		ans := receiver.OutboundKeys{Keys: make([]receiver.OutboundKey, 0, len(keys))}
+		for _, k := range keys {
+			ans.Keys = append(ans.Keys, receiver.OutboundKey{
+				KeyID:     k.KeyID,
+				PublicKey: base64.RawURLEncoding.EncodeToString(k.Key),
+				Current:   k.Current,
+			})
+		}
+		return ans, nil
+	})
 }

@@ -463,6 +463,19 @@ func statusBody(m store.MessageStatus) outboxStatus {
 // credentials of the message's tenant. Another tenant's id is not_found, as
 // an unknown one: existence is not revealed across tenants.
 func (s *Server) getOutboxMessage(c echo.Context) error {
+	return serveTenantRead(s, c, "outbox_message", func(ctx context.Context, tenant string) (any, error) {
+		m, err := s.store.OutboxMessage(ctx, tenant, c.Param("id"))
+		return statusBody(m), err
+	})
+}
+
+// serveTenantRead answers the read-only routes of service and operator
+// credentials (a message's status, its attempts, the outbound keys): the
+// same admission, role rule, store timeout, refusals and outcome for each,
+// so they cannot drift apart. read gets the credential's tenant; its
+// store.ErrNotFound is 404 not_found, any other error 503 (what names the
+// failing read in the log).
+func serveTenantRead(s *Server, c echo.Context, what string, read func(ctx context.Context, tenant string) (any, error)) error {
 	id, ok := s.admit(c)
 	if !ok {
 		return nil
@@ -472,15 +485,15 @@ func (s *Server) getOutboxMessage(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	m, err := s.store.OutboxMessage(ctx, id.TenantID, c.Param("id"))
+	body, err := read(ctx, id.TenantID)
 	if errors.Is(err, store.ErrNotFound) {
 		return s.refuse(c, reasonNotFound)
 	}
 	if err != nil {
-		return s.unavailable(c, "outbox_message", err)
+		return s.unavailable(c, what, err)
 	}
 	state(c).outcome = "read"
-	writeJSON(c, http.StatusOK, statusBody(m))
+	writeJSON(c, http.StatusOK, body)
 	return nil
 }
 
@@ -521,25 +534,10 @@ func attemptsAnswer(as []store.Attempt) attemptsBody {
 // latest store.MaxAttemptHistory attempts, oldest first, for the same
 // credentials and with the same refusals as GET /v1/outbox/{message_id}.
 func (s *Server) getOutboxAttempts(c echo.Context) error {
-	id, ok := s.admit(c)
-	if !ok {
-		return nil
-	}
-	if id.Role != store.RoleService && id.Role != store.RoleOperator {
-		return s.refuse(c, reasonForbidden)
-	}
-	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
-	defer cancel()
-	as, err := s.store.OutboxAttempts(ctx, id.TenantID, c.Param("id"))
-	if errors.Is(err, store.ErrNotFound) {
-		return s.refuse(c, reasonNotFound)
-	}
-	if err != nil {
-		return s.unavailable(c, "outbox_attempts", err)
-	}
-	state(c).outcome = "read"
-	writeJSON(c, http.StatusOK, attemptsAnswer(as))
-	return nil
+	return serveTenantRead(s, c, "outbox_attempts", func(ctx context.Context, tenant string) (any, error) {
+		as, err := s.store.OutboxAttempts(ctx, tenant, c.Param("id"))
+		return attemptsAnswer(as), err
+	})
 }
 
 type deadLetter struct {
