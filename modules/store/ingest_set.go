@@ -443,14 +443,24 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 		return nil, err
 	}
 
-	q = &pgx.Batch{}
-	q.Queue(writeSQL, args...)
+	if err := writeAndCommit(ctx, c, writeSQL, args, committing); err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// writeAndCommit sends a set's one write statement and its COMMIT in one
+// pipeline (one round trip), calling committing, when set, once both are on
+// the wire. A COMMIT answered with ROLLBACK is errRolledBack.
+func writeAndCommit(ctx context.Context, c *pgx.Conn, write string, args []any, committing func()) error {
+	q := &pgx.Batch{}
+	q.Queue(write, args...)
 	q.Queue("COMMIT")
-	br = c.SendBatch(ctx, q)
+	br := c.SendBatch(ctx, q)
 	if committing != nil {
 		committing()
 	}
-	_, err = br.Exec()
+	_, err := br.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -459,10 +469,10 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if tag.String() != "COMMIT" {
-		return nil, errRolledBack
+		return errRolledBack
 	}
-	return results, nil
+	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Enqueues are decided set-based, like inbound batches (ingest_set.go): one
@@ -547,23 +546,8 @@ func runEnqueueSet(ctx context.Context, c *pgx.Conn, b *enqueueSet, committing f
 		return answers, nil
 	}
 
-	q = &pgx.Batch{}
-	q.Queue(writeOutboundSQL, args...)
-	q.Queue("COMMIT")
-	br = c.SendBatch(ctx, q)
-	_, err = br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeAndCommit(ctx, c, writeOutboundSQL, args, nil); err != nil {
 		return nil, err
-	}
-	if tag.String() != "COMMIT" {
-		return nil, errRolledBack
 	}
 	return answers, nil
 }
