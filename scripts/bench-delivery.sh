@@ -82,11 +82,7 @@ log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 (cd "$root" && go build -o "$bindir/loadgen-delivery" ./tools/loadgen-delivery) || die "go build loadgen-delivery failed"
 builds=(current)
 if [ -n "$baseline" ]; then
-	need git "install git"
-	rm -rf "$tmp/bench-baseline" && mkdir -p "$tmp/bench-baseline"
-	git -C "$root" archive "$baseline" | tar -x -C "$tmp/bench-baseline" || die "cannot export $baseline"
-	(cd "$tmp/bench-baseline" && go build -o "$bindir/delivery-worker-baseline" ./services/delivery-worker) ||
-		die "go build delivery-worker at $baseline failed"
+	build_at_rev "$baseline" ./services/delivery-worker "$bindir/delivery-worker-baseline"
 	builds=(baseline current)
 fi
 if [ "$river" = 1 ]; then

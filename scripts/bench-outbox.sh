@@ -61,11 +61,7 @@ build_bins
 "$bindir/envctl" migrate --database-url "$dsn" >&2
 builds=(current)
 if [ -n "$base_rev" ]; then
-	log "building the baseline ingest-api from $base_rev"
-	rm -rf "$work/base"
-	mkdir -p "$work/base"
-	git -C "$root" archive "$base_rev" | tar -x -C "$work/base"
-	(cd "$work/base" && go build -o "$work/ingest-api-base" "$(ingest_pkg)") || die "go build of the baseline failed"
+	build_at_rev "$base_rev" "$(ingest_pkg)" "$work/ingest-api-base"
 	builds=(base current)
 fi
 

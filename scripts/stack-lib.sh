@@ -70,6 +70,24 @@ ingest_pkg() {
 	die "ingest-api has no main package yet (looked in services/ingest-api and services/ingest-api/cmd/ingest-api)"
 }
 
+# build_at_rev REV PKG OUT: build PKG as it was at git revision REV into OUT, from the revision's tree
+# exported with git archive (the working tree stays untouched): the same-run baseline of a benchmark.
+build_at_rev() {
+	local rev=$1 pkg=$2 out=$3 dir
+	need git "install git"
+	dir=$(mktemp -d)
+	if ! git -C "$root" archive "$rev" | tar -x -C "$dir"; then
+		rm -rf "$dir"
+		die "cannot export $rev"
+	fi
+	log "building $pkg as of $rev"
+	if ! (cd "$dir" && go build -o "$out" "$pkg"); then
+		rm -rf "$dir"
+		die "go build $pkg at $rev failed"
+	fi
+	rm -rf "$dir"
+}
+
 build_bins() {
 	need go "install Go 1.26"
 	mkdir -p "$bindir"
