@@ -346,6 +346,7 @@ func wantAnswer(t testing.TB, r resp, status int, outcome, reason string, wantCu
 		if a.Cursor != nil {
 			t.Fatalf("refusal carries a cursor: %s", r.body)
 		}
+		checkDetail(t, r.status, a.Detail, r.body)
 	} else if a.Cursor == nil || (wantCursor >= 0 && *a.Cursor != wantCursor) {
 		t.Fatalf("cursor = %v, want %d (body %s)", a.Cursor, wantCursor, r.body)
 	}

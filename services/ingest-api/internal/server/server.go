@@ -443,15 +443,17 @@ func (s *Server) handleError(err error, c echo.Context) {
 	var he *echo.HTTPError
 	reason := reasonUnavailable
 	status := http.StatusInternalServerError
+	detail := ""
 	if errors.As(err, &he) {
 		switch he.Code {
 		case http.StatusNotFound:
-			reason, status = reasonNotFound, http.StatusNotFound
+			reason, status, detail = reasonNotFound, http.StatusNotFound, detailNoRoute
 		case http.StatusMethodNotAllowed:
-			reason, status = reasonMethodNotAllowed, http.StatusMethodNotAllowed
+			reason, status, detail = reasonMethodNotAllowed, http.StatusMethodNotAllowed, detailNoMethod
 		case http.StatusRequestEntityTooLarge:
 			reason, status = reasonBodyTooLarge, http.StatusRequestEntityTooLarge
+			detail = envelope.BodyTooLargeDetail(int(s.cfg.MaxBodyBytes))
 		}
 	}
-	s.writeRefusal(c, status, reason)
+	s.writeRefusal(c, status, reason, detail)
 }
