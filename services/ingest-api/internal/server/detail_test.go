@@ -124,10 +124,20 @@ type failingBody struct{}
 
 func (failingBody) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
 
-// TestRefusalDetails walks every refusal path of every route and checks
-// the exact reason and detail of each, in the answer and in the log line.
-func TestRefusalDetails(t *testing.T) {
-	o := newOutboxFixture(t)
+// refusalCase is one refusal path: a request and the answer it must get.
+type refusalCase struct {
+	name   string
+	do     func() resp
+	status int
+	reason string
+	detail string
+}
+
+// refusalScenario prepares o for every refusal path of every route (a
+// stored envelope, a retired and a revoked key, a replay floor, a dead
+// letter whose body expired and a live message) and returns the cases.
+func refusalScenario(t *testing.T, o *outboxFixture) []refusalCase {
+	t.Helper()
 	f := o.fixture
 	ctx := context.Background()
 	pub := f.priv.Public().(ed25519.PublicKey)
@@ -170,11 +180,10 @@ func TestRefusalDetails(t *testing.T) {
 		edit(&d)
 		return f.sign(d)
 	}
-	tampered := bytes.Replace(f.sign(draft(3)), []byte(`"n":3`), []byte(`"n":4`), 1)
-	schema2 := draftMap(3)
-	schema2["schema_version"] = 2
 	badEventID := draftMap(3)
 	badEventID["event_id"] = "-Zq7"
+	schema2 := draftMap(3)
+	schema2["schema_version"] = 2
 	unknownMember := draftMap(3)
 	unknownMember["Zq7-secret-name"] = "Zq7-secret-value"
 	get := func(token, path string) func() resp { return func() resp { return f.get(token, path) } }
@@ -183,30 +192,14 @@ func TestRefusalDetails(t *testing.T) {
 	}
 	env := func(token string, body []byte) func() resp { return post(token, "/v1/envelopes", body) }
 	outbox := func(token string, body string) func() resp { return post(token, "/v1/outbox", []byte(body)) }
-	const okOutbox = `"project_id":"proj-1","topic":"task.proposals","idempotency_key":"k-9","kind":"proposal","payload":{}`
 	replay := func(token, id string) func() resp { return post(token, "/v1/dead-letters/"+id+"/replay", nil) }
 	tooLarge := append([]byte(`{"payload":"`), bytes.Repeat([]byte("x"), envelope.MaxDocumentBytes)...)
 
-	cases := []struct {
-		name   string
-		do     func() resp
-		status int
-		reason string
-		detail string
-	}{
+	return []refusalCase{
 		// Admission.
 		{"no credential", env("", f.sign(draft(3))), 401, "unauthenticated", detailNoCredential},
 		{"unknown credential", env("ewk_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", f.sign(draft(3))), 401, "unauthenticated", detailBadCredential},
 		{"body too large", env(f.device, tooLarge), 413, "body_too_large", "body larger than 1048576 bytes"},
-		{"unreadable body", func() resp {
-			hr := httptest.NewRequest(http.MethodPost, "/v1/envelopes", failingBody{})
-			hr.ContentLength = -1
-			hr.RemoteAddr = clientIP + ":40000"
-			hr.Header.Set("Authorization", "Bearer "+f.device)
-			w := httptest.NewRecorder()
-			f.srv.Handler().ServeHTTP(w, hr)
-			return resp{status: w.Code, header: w.Header(), body: w.Body.Bytes()}
-		}, 400, "invalid_envelope", detailUnreadableBody},
 		{"unknown route", get(f.device, "/v1/nothing"), 404, "not_found", detailNoRoute},
 		{"wrong method", func() resp { return f.do(req{method: http.MethodDelete, path: "/v1/envelopes", token: f.device}) }, 405, "method_not_allowed", detailNoMethod},
 
@@ -223,7 +216,7 @@ func TestRefusalDetails(t *testing.T) {
 				header: map[string]string{"Idempotency-Key": "Zq7"}})
 		}, 400, "idempotency_key_mismatch", detailIdempotencyHeader},
 		{"unknown key", env(f.device, with(func(d *envelope.Draft) { d.KeyID = "k-none" })), 403, "unknown_key", detailUnknownKey},
-		{"bad signature", env(f.device, tampered), 403, "bad_signature", detailBadSignature},
+		{"bad signature", env(f.device, tampered(f)), 403, "bad_signature", detailBadSignature},
 		{"retired key", env(f.device, with(func(d *envelope.Draft) {
 			d.KeyID, d.IssuedAt = "k-ret", retired.RetiredAt.Add(time.Second)
 		})), 403, "key_retired", detailKeyRetired},
@@ -287,52 +280,101 @@ func TestRefusalDetails(t *testing.T) {
 		{"replay not dead", replay(f.operator, live.MessageIDs[0]), 409, "not_dead", detailNotDead},
 		{"replay expired", replay(f.operator, expired.MessageIDs[0]), 409, "payload_expired", detailBodyExpired},
 	}
-	seen := map[string]bool{}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			wantDetail(t, f, c.do(), c.status, c.reason, c.detail)
-			seen[c.detail] = true
-		})
-	}
+}
 
-	// Batches answer each item with its own detail.
-	wantItems(t, f.postBatch(f.device, f.sign(draft(2)), []byte(`"Zq7"`), tampered, with(func(d *envelope.Draft) { d.Sequence = 1 })),
+// okOutbox is the members of a valid POST /v1/outbox body.
+const okOutbox = `"project_id":"proj-1","topic":"task.proposals","idempotency_key":"k-9","kind":"proposal","payload":{}`
+
+// tampered is draft 3, signed, with its payload changed afterwards.
+func tampered(f *fixture) []byte {
+	return bytes.Replace(f.sign(draft(3)), []byte(`"n":3`), []byte(`"n":4`), 1)
+}
+
+// checkBatchItemDetails checks that both batch routes answer each refused
+// item with its own detail (o prepared by refusalScenario).
+func checkBatchItemDetails(t *testing.T, o *outboxFixture) {
+	t.Helper()
+	f := o.fixture
+	seqOne := draft(3)
+	seqOne.Sequence = 1
+	wantItems(t, f.postBatch(f.device, f.sign(draft(2)), []byte(`"Zq7"`), tampered(f), f.sign(seqOne)),
 		[2]string{"", ""}, [2]string{"invalid_envelope", "envelope must be a JSON object"},
 		[2]string{"bad_signature", detailBadSignature}, [2]string{"sequence_conflict", detailSequenceTaken})
 	wantItems(t, f.postOutboxBatch(f.service, outboxBatchBody(outboxBody("k-b1", ""), []byte(`{`+okOutbox+`,"Zq7":1}`),
 		[]byte(strings.Replace(`{`+okOutbox+`}`, `"task.proposals"`, `"task.none"`, 1)))),
 		[2]string{"", ""}, [2]string{"invalid_request", detailOutboxUnknown}, [2]string{"no_endpoint", detailNoEndpoint})
+}
 
-	// The limiters' refusals name the limiter; a batch's late items too.
-	lim := newFixture(t, func(c *Config) {
+// newLimitedFixture is a fixture without outbound keys whose limiters run
+// out within a few requests.
+func newLimitedFixture(t *testing.T) *fixture {
+	return newFixture(t, func(c *Config) {
 		c.PeerLimit = limiter.Policy{Tokens: 3, Interval: time.Hour}
 		c.SyncLimit = limiter.Policy{Tokens: 2, Interval: time.Hour}
 		c.OutboxLimit = limiter.Policy{Tokens: 3, Interval: time.Hour}
 	})
-	wantDetail(t, lim, lim.do(req{method: http.MethodPost, path: "/v1/outbox", token: lim.service, remote: "192.0.2.20:1",
-		body: outboxBody("k-0", "")}), 422, "no_signing_key", detailNoSigningKey)
-	seen[detailNoSigningKey] = true
-	wantItems(t, lim.do(req{method: http.MethodPost, path: "/v1/envelopes/batch", token: lim.device, remote: "192.0.2.21:1",
-		body: batchBody(lim.sign(draft(1)), lim.sign(draft(2)), lim.sign(draft(3)))}),
+}
+
+// checkLimiterDetails runs lim (newLimitedFixture) out of each limiter: a
+// 429 names the limiter, and so do a batch's late items. It returns the
+// details it saw.
+func checkLimiterDetails(t *testing.T, lim *fixture) []string {
+	t.Helper()
+	at := func(r req, host string) resp {
+		r.remote = host + ":1"
+		return lim.do(r)
+	}
+	wantDetail(t, lim, at(req{method: http.MethodPost, path: "/v1/outbox", token: lim.service, body: outboxBody("k-0", "")}, "192.0.2.20"),
+		422, "no_signing_key", detailNoSigningKey)
+	wantItems(t, at(req{method: http.MethodPost, path: "/v1/envelopes/batch", token: lim.device,
+		body: batchBody(lim.sign(draft(1)), lim.sign(draft(2)), lim.sign(draft(3)))}, "192.0.2.21"),
 		[2]string{"", ""}, [2]string{"", ""}, [2]string{"rate_limited", detailSyncLimited})
-	wantDetail(t, lim, lim.do(req{method: http.MethodPost, path: "/v1/envelopes", token: lim.device, remote: "192.0.2.22:1",
-		body: lim.sign(draft(4))}), 429, "rate_limited", detailSyncLimited)
-	wantItems(t, lim.do(req{method: http.MethodPost, path: "/v1/outbox/batch", token: lim.service, remote: "192.0.2.23:1",
-		body: outboxBatchBody(outboxBody("k-1", ""), outboxBody("k-2", ""), outboxBody("k-3", ""))}),
+	wantDetail(t, lim, at(req{method: http.MethodPost, path: "/v1/envelopes", token: lim.device, body: lim.sign(draft(4))}, "192.0.2.22"),
+		429, "rate_limited", detailSyncLimited)
+	wantItems(t, at(req{method: http.MethodPost, path: "/v1/outbox/batch", token: lim.service,
+		body: outboxBatchBody(outboxBody("k-1", ""), outboxBody("k-2", ""), outboxBody("k-3", ""))}, "192.0.2.23"),
 		[2]string{"no_signing_key", detailNoSigningKey}, [2]string{"no_signing_key", detailNoSigningKey},
 		[2]string{"rate_limited", detailOutboxLimited})
-	wantDetail(t, lim, lim.do(req{method: http.MethodPost, path: "/v1/outbox", token: lim.service, remote: "192.0.2.24:1",
-		body: outboxBody("k-4", "")}), 429, "rate_limited", detailOutboxLimited)
+	wantDetail(t, lim, at(req{method: http.MethodPost, path: "/v1/outbox", token: lim.service, body: outboxBody("k-4", "")}, "192.0.2.24"),
+		429, "rate_limited", detailOutboxLimited)
 	for range 3 {
-		lim.do(req{method: http.MethodGet, path: "/v1/outbound-keys", token: lim.service, remote: "192.0.2.25:1"})
+		at(req{method: http.MethodGet, path: "/v1/outbound-keys", token: lim.service}, "192.0.2.25")
 	}
-	wantDetail(t, lim, lim.do(req{method: http.MethodGet, path: "/v1/outbound-keys", token: lim.service, remote: "192.0.2.25:1"}),
+	wantDetail(t, lim, at(req{method: http.MethodGet, path: "/v1/outbound-keys", token: lim.service}, "192.0.2.25"),
 		429, "rate_limited", detailPeerLimited)
-	seen[detailSyncLimited], seen[detailOutboxLimited], seen[detailPeerLimited] = true, true, true
+	return []string{detailNoSigningKey, detailSyncLimited, detailOutboxLimited, detailPeerLimited}
+}
+
+// TestRefusalDetails walks every refusal path of every route and checks
+// the exact reason and detail of each, in the answer and in the log line.
+func TestRefusalDetails(t *testing.T) {
+	o := newOutboxFixture(t)
+	f := o.fixture
+	seen := map[string]bool{}
+	for _, c := range refusalScenario(t, o) {
+		t.Run(c.name, func(t *testing.T) {
+			wantDetail(t, f, c.do(), c.status, c.reason, c.detail)
+			seen[c.detail] = true
+		})
+	}
+	// A body that breaks off is the route's bad-body refusal.
+	hr := httptest.NewRequest(http.MethodPost, "/v1/envelopes", failingBody{})
+	hr.ContentLength = -1
+	hr.RemoteAddr = clientIP + ":40000"
+	hr.Header.Set("Authorization", "Bearer "+f.device)
+	w := httptest.NewRecorder()
+	f.srv.Handler().ServeHTTP(w, hr)
+	wantDetail(t, f, resp{status: w.Code, header: w.Header(), body: w.Body.Bytes()}, 400, "invalid_envelope", detailUnreadableBody)
+	seen[detailUnreadableBody] = true
+
+	checkBatchItemDetails(t, o)
+	for _, d := range checkLimiterDetails(t, newLimitedFixture(t)) {
+		seen[d] = true
+	}
 
 	// Every sentence of detail.go is reached by some case above, but for
-	// the two the store and the envelope builder decide only when the
-	// request's checks above them were somehow passed.
+	// the two that only a store or envelope-builder fault behind checks that
+	// already passed can give.
 	for _, d := range ownDetails {
 		if !seen[d] && d != detailOutboxEnvelope && d != detailOutboxProducer {
 			t.Errorf("no case answers %q", d)
