@@ -84,9 +84,6 @@ var storeDetail = map[wire.Reason]string{
 	wire.ReasonBelowReplayFloor:    detailBelowFloor,
 	wire.ReasonSequenceConflict:    detailSequenceTaken,
 	wire.ReasonSequenceTooFarAhead: detailTooFarAhead,
-	wire.ReasonKeyRetired:          detailKeyRetired,
-	wire.ReasonKeyRevoked:          detailKeyRevoked,
-	wire.ReasonUnknownKey:          detailUnknownKey,
 }
 
 // limiterDetail is the sentence of a 429, by limiter policy.
