@@ -1,7 +1,5 @@
 package envelope
 
-import "strconv"
-
 // MaxBatch is the largest number of items in one batch request (envelopes,
 // or outbox messages).
 const MaxBatch = 100
@@ -30,23 +28,23 @@ func SplitOutboxBatch(data []byte) ([][]byte, error) { return splitWrapped(data,
 func splitWrapped(data []byte, member string) ([][]byte, error) {
 	lim := DefaultLimits()
 	if len(data) > lim.MaxBytes {
-		return nil, &Error{Reason: ReasonBodyTooLarge, Detail: "body larger than " + strconv.Itoa(lim.MaxBytes) + " bytes"}
+		return nil, &Error{Reason: ReasonBodyTooLarge, Detail: BodyTooLargeDetail(lim.MaxBytes)}
 	}
 	s := scanner{in: data}
 	s.ws()
 	if !s.eat('{') {
-		return nil, invalid("batch: must be an object")
+		return nil, invalid(prefixBatch + string(synBatchNotObject))
 	}
 	var items [][]byte
 	seen := false
 	s.ws()
 	if s.eat('}') {
-		return nil, invalid("batch: missing member %s", member)
+		return nil, invalid(wrapperDetail(member, wrapMissing))
 	}
 	for {
 		s.ws()
 		if s.pos >= len(s.in) || s.in[s.pos] != '"' {
-			return nil, invalid("batch: expected a member name at offset %d", s.pos)
+			return nil, s.fail(synMemberName)
 		}
 		// Decode the name with the strict reader so "envelop\u0065s" is
 		// recognised and a broken name is refused.
@@ -63,19 +61,19 @@ func splitWrapped(data []byte, member string) ([][]byte, error) {
 			return nil, err
 		}
 		if name != member {
-			return nil, invalid("batch: unknown member")
+			return nil, invalid(prefixBatch + string(synBatchUnknown))
 		}
 		if seen {
-			return nil, invalid("batch: duplicate member %s", member)
+			return nil, invalid(wrapperDetail(member, wrapDuplicate))
 		}
 		seen = true
 		s.ws()
 		if !s.eat(':') {
-			return nil, invalid("batch: expected ':' at offset %d", s.pos)
+			return nil, s.fail(synColon)
 		}
 		s.ws()
 		if !s.eat('[') {
-			return nil, invalid("batch: %s must be an array", member)
+			return nil, invalid(wrapperDetail(member, wrapNotArray))
 		}
 		s.ws()
 		if !s.eat(']') {
@@ -86,7 +84,7 @@ func splitWrapped(data []byte, member string) ([][]byte, error) {
 					return nil, err
 				}
 				if len(items) == MaxBatch {
-					return nil, invalid("batch: more than %d %s", MaxBatch, member)
+					return nil, invalid(wrapperDetail(member, wrapCount))
 				}
 				items = append(items, data[start:s.pos:s.pos])
 				s.ws()
@@ -96,7 +94,7 @@ func splitWrapped(data []byte, member string) ([][]byte, error) {
 				if s.eat(']') {
 					break
 				}
-				return nil, invalid("batch: expected ',' or ']' at offset %d", s.pos)
+				return nil, s.fail(synArraySep)
 			}
 		}
 		s.ws()
@@ -106,14 +104,14 @@ func splitWrapped(data []byte, member string) ([][]byte, error) {
 		if s.eat('}') {
 			break
 		}
-		return nil, invalid("batch: expected ',' or '}' at offset %d", s.pos)
+		return nil, s.fail(synObjectSep)
 	}
 	s.ws()
 	if s.pos != len(s.in) {
-		return nil, invalid("batch: data after the top-level value at offset %d", s.pos)
+		return nil, s.fail(synTrailing)
 	}
 	if len(items) == 0 {
-		return nil, invalid("batch: %s must hold 1..%d items", member, MaxBatch)
+		return nil, invalid(wrapperDetail(member, wrapCount))
 	}
 	return items, nil
 }
@@ -145,8 +143,8 @@ func (s *scanner) eat(c byte) bool {
 	return false
 }
 
-func (s *scanner) fail(what string) error {
-	return invalid("batch: %s at offset %d", what, s.pos)
+func (s *scanner) fail(what syntax) error {
+	return invalid(prefixBatch + string(what))
 }
 
 // skipValue moves past one JSON value, checking structure (brackets,
@@ -157,7 +155,7 @@ func (s *scanner) skipValue() error {
 		// A value is expected here.
 		s.ws()
 		if s.pos >= len(s.in) {
-			return s.fail("unexpected end of input")
+			return s.fail(synEnd)
 		}
 		switch c := s.in[s.pos]; {
 		case c == '{':
@@ -195,11 +193,11 @@ func (s *scanner) skipValue() error {
 				lit = "false"
 			}
 			if len(s.in)-s.pos < len(lit) || string(s.in[s.pos:s.pos+len(lit)]) != lit {
-				return s.fail("invalid literal")
+				return s.fail(synLiteral)
 			}
 			s.pos += len(lit)
 		default:
-			return s.fail("unexpected character")
+			return s.fail(synChar)
 		}
 		// A value just ended: close containers until one continues.
 		for {
@@ -220,7 +218,7 @@ func (s *scanner) skipValue() error {
 				stack = stack[:len(stack)-1]
 				continue
 			}
-			return s.fail("expected a separator or a closing bracket")
+			return s.fail(synSeparator)
 		}
 	}
 }
@@ -228,14 +226,14 @@ func (s *scanner) skipValue() error {
 func (s *scanner) memberName() error {
 	s.ws()
 	if s.pos >= len(s.in) || s.in[s.pos] != '"' {
-		return s.fail("expected a member name")
+		return s.fail(synMemberName)
 	}
 	if err := s.skipString(); err != nil {
 		return err
 	}
 	s.ws()
 	if !s.eat(':') {
-		return s.fail("expected ':'")
+		return s.fail(synColon)
 	}
 	return nil
 }
@@ -250,14 +248,14 @@ func (s *scanner) skipString() error {
 			return nil
 		}
 	}
-	return s.fail("unterminated string")
+	return s.fail(synUnterminatedStr)
 }
 
 func (s *scanner) skipNumber() error {
 	// Only the grammar: range is the item's own business.
 	end, _, _, ok := scanNumber(s.in, s.pos)
 	if !ok {
-		return s.fail("invalid number")
+		return s.fail(synNumber)
 	}
 	s.pos = end
 	return nil

@@ -85,6 +85,8 @@
 //     grammar; each item's limits, UTF-8, duplicates and envelope rules are
 //     applied when the caller parses it, so one bad item does not sink the
 //     batch.
-//   - Error details name rules, contract member names and byte offsets only;
-//     they never echo request content, so they are safe in logs and answers.
+//   - Error details are fixed sentences (details.go, KnownDetails) naming a
+//     rule and the contract member it concerns (contract §8.11); they never
+//     echo request content or say where a body broke, so they are safe in
+//     logs and answers.
 package envelope

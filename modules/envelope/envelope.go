@@ -99,7 +99,7 @@ func ParseWithLimits(data []byte, l Limits) (*Envelope, error) {
 		return nil, err
 	}
 	if r.out[0] != '{' {
-		return nil, invalid("envelope must be a JSON object")
+		return nil, invalid(detailNotObject)
 	}
 	return build(r.out, r)
 }
@@ -128,7 +128,7 @@ func build(canonical []byte, r *reader) (*Envelope, error) {
 	// problem is predictable.
 	sv := &ms[mSchemaVersion]
 	if sv.kind != kindNumber || !sv.intLexeme {
-		return nil, invalid("schema_version: must be an integer")
+		return nil, invalid(detailSchemaType)
 	}
 	// ParseInt clamps out-of-range values, which keeps them != 1 for step 4.
 	e.SchemaVersion, _ = strconv.ParseInt(string(r.in[sv.rawStart:sv.rawEnd]), 10, 64)
@@ -148,37 +148,37 @@ func build(canonical []byte, r *reader) (*Envelope, error) {
 	}
 	for _, f := range ids {
 		if ms[f.idx].kind != kindString {
-			return nil, invalid("%s: must be a string", f.name)
+			return nil, invalid(memberTypeDetail(f.name))
 		}
 		v := str(f.idx)
 		if !f.check(v) {
-			return nil, invalid("%s: %s", f.name, ruleText[f.name])
+			return nil, invalid(memberRuleDetail(f.name))
 		}
 		*f.dst = string(v)
 	}
 
 	sq := &ms[mSequence]
 	if sq.kind != kindNumber || !sq.intLexeme {
-		return nil, invalid("sequence: must be an integer")
+		return nil, invalid(detailSequenceType)
 	}
 	seq, err := strconv.ParseInt(string(r.in[sq.rawStart:sq.rawEnd]), 10, 64)
 	if err != nil || seq < 1 || seq > MaxSequence {
-		return nil, invalid("sequence: must be in 1..9007199254740991")
+		return nil, invalid(detailSequenceRange)
 	}
 	e.Sequence = seq
 
 	if ms[mIssuedAt].kind != kindString {
-		return nil, invalid("issued_at: must be a string")
+		return nil, invalid(detailIssuedAtType)
 	}
 	t, ok := parseTimestamp(str(mIssuedAt))
 	if !ok {
-		return nil, invalid("issued_at: must be RFC 3339 UTC with Z, e.g. 2026-11-29T20:00:00Z")
+		return nil, invalid(detailIssuedAtFormat)
 	}
 	e.IssuedAt = t
 
 	mm := &ms[mMetadata]
 	if mm.kind != kindObject {
-		return nil, invalid("metadata: must be an object")
+		return nil, invalid(detailMetadataType)
 	}
 
 	pm := &ms[mPayload]
@@ -186,11 +186,11 @@ func build(canonical []byte, r *reader) (*Envelope, error) {
 
 	sm := &ms[mSignature]
 	if sm.kind != kindString {
-		return nil, invalid("signature: must be a string")
+		return nil, invalid(detailSignatureType)
 	}
 	sig, ok := decodeSignature(canonical[sm.val+1 : sm.end-1])
 	if !ok {
-		return nil, invalid("signature: must be unpadded base64url of 64 bytes")
+		return nil, invalid(detailSignatureFormat)
 	}
 	e.Signature = sig
 	e.sigValue = sm.val + 1
@@ -226,15 +226,15 @@ func memberSetError(r *reader, ms []member) *Error {
 	}
 	for k := range present {
 		if !isEnvelopeMember(k) {
-			return invalid("unknown member")
+			return invalid(detailUnknownMember)
 		}
 	}
 	for _, name := range envelopeMembers {
 		if !present[name] {
-			return invalid("missing member %s", name)
+			return invalid(missingMemberDetail(name))
 		}
 	}
-	return invalid("unexpected member set")
+	return invalid(detailMemberSet)
 }
 
 func isEnvelopeMember(k string) bool {
@@ -244,15 +244,6 @@ func isEnvelopeMember(k string) bool {
 		}
 	}
 	return false
-}
-
-var ruleText = map[string]string{
-	"tenant_id":       "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"project_id":      "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"producer_id":     "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"key_id":          "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"event_id":        "must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
-	"idempotency_key": "must be 1-255 bytes, each 0x21-0x7E",
 }
 
 func isAlnum(c byte) bool {
@@ -440,7 +431,7 @@ func scopedDigest(tenant, project, v string) [32]byte {
 // bounds are inclusive. A replayWindow <= 0 means DefaultReplayWindow.
 func (e *Envelope) Validate(now time.Time, replayWindow time.Duration) error {
 	if e.SchemaVersion != SchemaVersion {
-		return &Error{Reason: ReasonUnsupportedSchema, Detail: "schema_version: only 1 is supported"}
+		return &Error{Reason: ReasonUnsupportedSchema, Detail: detailSchemaVersion}
 	}
 	if e.metaProblem != "" {
 		return &Error{Reason: ReasonInvalidMetadata, Detail: e.metaProblem}
@@ -449,10 +440,10 @@ func (e *Envelope) Validate(now time.Time, replayWindow time.Duration) error {
 		replayWindow = DefaultReplayWindow
 	}
 	if e.IssuedAt.Sub(now) > MaxFutureSkew {
-		return &Error{Reason: ReasonIssuedInFuture, Detail: "issued_at: more than 5m ahead of the receiver's clock"}
+		return &Error{Reason: ReasonIssuedInFuture, Detail: detailIssuedInFuture}
 	}
 	if now.Sub(e.IssuedAt) > replayWindow {
-		return &Error{Reason: ReasonExpired, Detail: "issued_at: older than the replay window"}
+		return &Error{Reason: ReasonExpired, Detail: detailExpired}
 	}
 	return nil
 }

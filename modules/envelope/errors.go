@@ -1,9 +1,6 @@
 package envelope
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // Reason is a stable refusal code of the public contract. The values are
 // part of the wire format: never rename them.
@@ -22,10 +19,10 @@ const (
 	ReasonBodyTooLarge      Reason = "body_too_large"
 )
 
-// Error is a refusal with its contract reason. Detail is written by this
-// package from fixed text, member names of the contract and byte offsets
-// only, so it is safe to log or return to the client: it never echoes a
-// payload, signature, key, idempotency key or any other request content.
+// Error is a refusal with its contract reason. Detail is one of the fixed
+// sentences of details.go (KnownDetails), so it is safe to log or return to
+// the client (contract §8.11): it never echoes a value, an unknown member's
+// name, an offset or any other request content.
 type Error struct {
 	Reason Reason
 	Detail string
@@ -57,10 +54,10 @@ var ErrInvalidPublicKey = errors.New("envelope: invalid public key")
 // well-formed Ed25519 key.
 var ErrInvalidPrivateKey = errors.New("envelope: invalid private key")
 
-func invalid(format string, args ...any) *Error {
-	return &Error{Reason: ReasonInvalidEnvelope, Detail: fmt.Sprintf(format, args...)}
+// invalid is an invalid_envelope refusal; detail is a sentence of details.go.
+func invalid(detail string) *Error {
+	return &Error{Reason: ReasonInvalidEnvelope, Detail: detail}
 }
 
-func invalidAt(what string, off int) *Error {
-	return &Error{Reason: ReasonInvalidEnvelope, Detail: fmt.Sprintf("json: %s at offset %d", what, off)}
-}
+// invalidJSON is the strict reader's refusal of a grammar problem.
+func invalidJSON(what syntax) *Error { return invalid(prefixJSON + string(what)) }

@@ -25,7 +25,7 @@ func ExampleCanonicalizeWithLimits() {
 	_, err := envelope.CanonicalizeWithLimits([]byte(`[[[]]]`), envelope.Limits{MaxDepth: 2})
 	fmt.Println(err)
 	// Output:
-	// envelope: invalid_envelope: json: nesting deeper than 2 at offset 2
+	// envelope: invalid_envelope: json: nesting deeper than 2
 }
 
 // The receiving side: step 2 (Parse), step 3 (Verify with the key found by

@@ -3,6 +3,7 @@ package envelope
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 )
@@ -21,6 +22,7 @@ func FuzzCanonicalize(f *testing.F) {
 			if _, ok := ReasonOf(err); !ok {
 				t.Fatalf("error without a reason: %v", err)
 			}
+			requireKnownDetail(t, err)
 			return
 		}
 		if !json.Valid(data) {
@@ -55,6 +57,7 @@ func FuzzParse(f *testing.F) {
 			if _, ok := ReasonOf(err); !ok {
 				t.Fatalf("error without a reason: %v", err)
 			}
+			requireKnownDetail(t, err)
 			return
 		}
 		e2, err := Parse(e.Canonical())
@@ -66,8 +69,12 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("parse -> canonical -> parse is not stable")
 		}
 		// Steps 3 and 4 must not panic either.
-		_ = e.Verify(make([]byte, 32))
-		_ = e.Validate(time.Date(2026, 11, 29, 20, 0, 0, 0, time.UTC), 0)
+		if err := e.Verify(make([]byte, 32)); err != nil && !errors.Is(err, ErrInvalidPublicKey) {
+			requireKnownDetail(t, err)
+		}
+		if err := e.Validate(time.Date(2026, 11, 29, 20, 0, 0, 0, time.UTC), 0); err != nil {
+			requireKnownDetail(t, err)
+		}
 	})
 }
 
@@ -80,6 +87,7 @@ func FuzzSplitBatch(f *testing.F) {
 			if _, ok := ReasonOf(err); !ok {
 				t.Fatalf("error without a reason: %v", err)
 			}
+			requireKnownDetail(t, err)
 			return
 		}
 		if len(items) < 1 || len(items) > MaxBatch {
@@ -125,6 +133,7 @@ func FuzzSplitOutboxBatch(f *testing.F) {
 			if _, ok := ReasonOf(err); !ok {
 				t.Fatalf("error without a reason: %v", err)
 			}
+			requireKnownDetail(t, err)
 			return
 		}
 		if len(items) < 1 || len(items) > MaxBatch {

@@ -11,7 +11,7 @@ func parseMetadata(raw []byte) (Metadata, string) {
 	if err := r.run(); err != nil {
 		// raw is a canonical sub-document of a document that was just
 		// accepted, so this cannot happen; refuse rather than trust it.
-		return Metadata{}, "metadata: unreadable"
+		return Metadata{}, detailMetadataUnreadable
 	}
 	var md Metadata
 	for i := range r.members {
@@ -27,29 +27,23 @@ func parseMetadata(raw []byte) (Metadata, string) {
 		case "traceparent":
 			check, dst = validTraceparent, &md.Traceparent
 		default:
-			return Metadata{}, "metadata: unknown member"
+			return Metadata{}, detailMetadataUnknown
 		}
 		if m.kind != kindString {
-			return Metadata{}, "metadata." + name + ": must be a string"
+			return Metadata{}, metadataTypeDetail(name)
 		}
 		// None of the three rules admits '"', '\' or control characters,
 		// so an escaped canonical string is refused as it stands.
 		v := raw[m.val+1 : m.end-1]
 		if !check(v) {
-			return Metadata{}, "metadata." + name + ": " + metadataRule[name]
+			return Metadata{}, metadataRuleDetail(name)
 		}
 		*dst = string(v)
 	}
 	if md.Kind == "" {
-		return Metadata{}, "metadata: missing member kind"
+		return Metadata{}, detailMetadataNoKind
 	}
 	return md, ""
-}
-
-var metadataRule = map[string]string{
-	"kind":           "must match ^[a-z][a-z0-9_.-]{0,63}$",
-	"correlation_id": "must match ^[A-Za-z0-9._:-]{1,128}$",
-	"traceparent":    "must be a W3C traceparent, version 00, lowercase hex, non-zero ids",
 }
 
 // validKind: ^[a-z][a-z0-9_.-]{0,63}$

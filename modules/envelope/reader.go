@@ -102,21 +102,21 @@ func CanonicalizeWithLimits(data []byte, l Limits) ([]byte, error) {
 
 func (r *reader) run() error {
 	if len(r.in) > r.lim.MaxBytes {
-		return &Error{Reason: ReasonBodyTooLarge, Detail: "document larger than " + strconv.Itoa(r.lim.MaxBytes) + " bytes"}
+		return &Error{Reason: ReasonBodyTooLarge, Detail: BodyTooLargeDetail(r.lim.MaxBytes)}
 	}
 	// The canonical form is rarely longer than the input; numbers such as
 	// 1e20 are the exception and append grows for them.
 	r.out = make([]byte, 0, len(r.in))
 	r.skipWS()
 	if r.pos >= len(r.in) {
-		return invalidAt("empty document", r.pos)
+		return invalidJSON(synEmpty)
 	}
 	if _, err := r.value(); err != nil {
 		return err
 	}
 	r.skipWS()
 	if r.pos != len(r.in) {
-		return invalidAt("data after the top-level value", r.pos)
+		return invalidJSON(synTrailing)
 	}
 	return nil
 }
@@ -134,7 +134,7 @@ func (r *reader) skipWS() {
 
 func (r *reader) value() (valueKind, error) {
 	if r.pos >= len(r.in) {
-		return 0, invalidAt("unexpected end of input", r.pos)
+		return 0, invalidJSON(synEnd)
 	}
 	switch c := r.in[r.pos]; {
 	case c == '{':
@@ -154,13 +154,13 @@ func (r *reader) value() (valueKind, error) {
 	case c == 'n':
 		return kindNull, r.literal("null")
 	default:
-		return 0, invalidAt("unexpected character", r.pos)
+		return 0, invalidJSON(synChar)
 	}
 }
 
 func (r *reader) literal(lit string) error {
 	if len(r.in)-r.pos < len(lit) || string(r.in[r.pos:r.pos+len(lit)]) != lit {
-		return invalidAt("invalid literal", r.pos)
+		return invalidJSON(synLiteral)
 	}
 	r.out = append(r.out, lit...)
 	r.pos += len(lit)
@@ -170,7 +170,7 @@ func (r *reader) literal(lit string) error {
 func (r *reader) enter() error {
 	r.depth++
 	if r.depth > r.lim.MaxDepth {
-		return invalidAt("nesting deeper than "+strconv.Itoa(r.lim.MaxDepth), r.pos)
+		return invalid(depthDetail(r.lim.MaxDepth))
 	}
 	return nil
 }
@@ -178,7 +178,7 @@ func (r *reader) enter() error {
 func (r *reader) count() error {
 	r.items++
 	if r.items > r.lim.MaxItems {
-		return invalidAt("more than "+strconv.Itoa(r.lim.MaxItems)+" items", r.pos)
+		return invalid(itemsDetail(r.lim.MaxItems))
 	}
 	return nil
 }
@@ -205,7 +205,7 @@ func (r *reader) array() error {
 		}
 		r.skipWS()
 		if r.pos >= len(r.in) {
-			return invalidAt("unterminated array", r.pos)
+			return invalidJSON(synUnterminatedArr)
 		}
 		switch r.in[r.pos] {
 		case ',':
@@ -218,7 +218,7 @@ func (r *reader) array() error {
 			r.depth--
 			return nil
 		default:
-			return invalidAt("expected ',' or ']'", r.pos)
+			return invalidJSON(synArraySep)
 		}
 	}
 }
@@ -241,7 +241,7 @@ func (r *reader) object() error {
 	}
 	for {
 		if r.pos >= len(r.in) || r.in[r.pos] != '"' {
-			return invalidAt("expected a member name", r.pos)
+			return invalidJSON(synMemberName)
 		}
 		if err := r.count(); err != nil {
 			return err
@@ -263,7 +263,7 @@ func (r *reader) object() error {
 		}
 		r.skipWS()
 		if r.pos >= len(r.in) || r.in[r.pos] != ':' {
-			return invalidAt("expected ':'", r.pos)
+			return invalidJSON(synColon)
 		}
 		r.pos++
 		r.out = append(r.out, ':')
@@ -283,7 +283,7 @@ func (r *reader) object() error {
 		r.members = append(r.members, m)
 		r.skipWS()
 		if r.pos >= len(r.in) {
-			return invalidAt("unterminated object", r.pos)
+			return invalidJSON(synUnterminatedObj)
 		}
 		switch r.in[r.pos] {
 		case ',':
@@ -294,7 +294,7 @@ func (r *reader) object() error {
 		case '}':
 			r.pos++
 		default:
-			return invalidAt("expected ',' or '}'", r.pos)
+			return invalidJSON(synObjectSep)
 		}
 		break
 	}
@@ -326,7 +326,7 @@ func (r *reader) order(base, bodyStart, objPos int) error {
 	for i := 1; i < len(ms); i++ {
 		c := compareUTF16(r.key(&ms[i-1]), r.key(&ms[i]))
 		if c == 0 {
-			return invalidAt("duplicate member name in object", objPos)
+			return invalidJSON(synDuplicateMember)
 		}
 		if c > 0 {
 			sorted = false
@@ -338,7 +338,7 @@ func (r *reader) order(base, bodyStart, objPos int) error {
 	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(r.key(&a), r.key(&b)) })
 	for i := 1; i < len(ms); i++ {
 		if compareUTF16(r.key(&ms[i-1]), r.key(&ms[i])) == 0 {
-			return invalidAt("duplicate member name in object", objPos)
+			return invalidJSON(synDuplicateMember)
 		}
 	}
 	r.scratch = append(r.scratch[:0], r.out[bodyStart:]...)
@@ -409,7 +409,7 @@ func (r *reader) str() (escaped bool, err error) {
 			i++
 		}
 		if i >= len(in) {
-			return false, invalidAt("unterminated string", r.pos)
+			return false, invalidJSON(synUnterminatedStr)
 		}
 		c := in[i]
 		switch {
@@ -428,11 +428,11 @@ func (r *reader) str() (escaped bool, err error) {
 			i += n
 			start = i
 		case c < 0x20:
-			return false, invalidAt("control character in string", i)
+			return false, invalidJSON(synControl)
 		default:
 			rn, size := utf8.DecodeRune(in[i:])
 			if rn == utf8.RuneError && size <= 1 {
-				return false, invalidAt("invalid UTF-8", i)
+				return false, invalidJSON(synUTF8)
 			}
 			i += size
 		}
@@ -444,7 +444,7 @@ func (r *reader) str() (escaped bool, err error) {
 func (r *reader) escape(i int) (n int, escaped bool, err error) {
 	in := r.in
 	if i+1 >= len(in) {
-		return 0, false, invalidAt("unterminated string", i)
+		return 0, false, invalidJSON(synUnterminatedStr)
 	}
 	var cp rune
 	switch in[i+1] {
@@ -467,26 +467,26 @@ func (r *reader) escape(i int) (n int, escaped bool, err error) {
 	case 'u':
 		hi, ok := hex4(in, i+2)
 		if !ok {
-			return 0, false, invalidAt("invalid \\u escape", i)
+			return 0, false, invalidJSON(synUnicodeEscape)
 		}
 		n = 6
 		cp = hi
 		switch {
 		case hi >= 0xD800 && hi < 0xDC00:
 			if i+12 > len(in) || in[i+6] != '\\' || in[i+7] != 'u' {
-				return 0, false, invalidAt("lone surrogate", i)
+				return 0, false, invalidJSON(synLoneSurrogate)
 			}
 			lo, ok := hex4(in, i+8)
 			if !ok || lo < 0xDC00 || lo >= 0xE000 {
-				return 0, false, invalidAt("lone surrogate", i)
+				return 0, false, invalidJSON(synLoneSurrogate)
 			}
 			cp = 0x10000 + (hi-0xD800)<<10 + (lo - 0xDC00)
 			n = 12
 		case hi >= 0xDC00 && hi < 0xE000:
-			return 0, false, invalidAt("lone surrogate", i)
+			return 0, false, invalidJSON(synLoneSurrogate)
 		}
 	default:
-		return 0, false, invalidAt("invalid escape", i)
+		return 0, false, invalidJSON(synEscape)
 	}
 	if n == 0 {
 		n = 2
@@ -604,7 +604,7 @@ func (r *reader) number() (intLexeme bool, f float64, err error) {
 	start := r.pos
 	i, ndigits, intLexeme, ok := scanNumber(in, start)
 	if !ok {
-		return false, 0, invalidAt("invalid number", start)
+		return false, 0, invalidJSON(synNumber)
 	}
 	r.pos = i
 	lex := in[start:i]
@@ -623,7 +623,7 @@ func (r *reader) number() (intLexeme bool, f float64, err error) {
 	if perr != nil {
 		// The grammar was checked above, so the only failure left is a
 		// magnitude beyond the largest finite double.
-		return false, 0, invalidAt("number outside the IEEE-754 double range", start)
+		return false, 0, invalidJSON(synNumberRange)
 	}
 	r.out = appendES6(r.out, f)
 	return intLexeme, f, nil

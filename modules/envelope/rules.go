@@ -20,7 +20,7 @@ func ValidIdempotencyKey(s string) bool { return validIdempotencyKey([]byte(s)) 
 // it signs what a receiver would refuse.
 func (m Metadata) Validate() error {
 	fail := func(name string) error {
-		return &Error{Reason: ReasonInvalidMetadata, Detail: "metadata." + name + ": " + metadataRule[name]}
+		return &Error{Reason: ReasonInvalidMetadata, Detail: metadataRuleDetail(name)}
 	}
 	if !validKind([]byte(m.Kind)) {
 		return fail("kind")

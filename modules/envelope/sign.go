@@ -25,7 +25,7 @@ func (e *Envelope) Verify(pub ed25519.PublicKey) error {
 		return fmt.Errorf("%w: want %d bytes, have %d", ErrInvalidPublicKey, ed25519.PublicKeySize, len(pub))
 	}
 	if !VerifySignature(pub, e.signingInput, e.Signature) {
-		return &Error{Reason: ReasonBadSignature, Detail: "signature does not verify"}
+		return &Error{Reason: ReasonBadSignature, Detail: detailBadSignature}
 	}
 	return nil
 }
@@ -122,10 +122,10 @@ func Sign(d Draft, priv ed25519.PrivateKey) (*Envelope, error) {
 		return nil, fmt.Errorf("%w: public half does not match the seed", ErrInvalidPrivateKey)
 	}
 	if d.IssuedAt.IsZero() {
-		return nil, invalid("issued_at: missing")
+		return nil, invalid(detailIssuedAtMissing)
 	}
 	if len(d.Payload) == 0 {
-		return nil, invalid("payload: missing")
+		return nil, invalid(detailPayloadMissing)
 	}
 	payload, err := Canonicalize(d.Payload)
 	if err != nil {

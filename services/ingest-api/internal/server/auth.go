@@ -4,14 +4,30 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
-// errUnauthenticated is a credential that does not verify (401).
-var errUnauthenticated = errors.New("unauthenticated")
+// errUnauthenticated is a credential that does not verify (401);
+// errNoBearer, which wraps it, an Authorization header that is missing or
+// not a Bearer credential at all.
+var (
+	errUnauthenticated = errors.New("unauthenticated")
+	errNoBearer        = fmt.Errorf("%w: no bearer credential", errUnauthenticated)
+)
+
+// authDetail is the detail of a 401: whether the header was unusable or
+// the credential is not live (unknown, revoked and expired alike, so the
+// answer says nothing about which credentials exist).
+func authDetail(err error) string {
+	if errors.Is(err, errNoBearer) {
+		return detailNoCredential
+	}
+	return detailBadCredential
+}
 
 // maxTokenLen bounds the bearer token we hash or send to the database.
 const maxTokenLen = 512
@@ -50,7 +66,7 @@ func newCredentialCache(ttl time.Duration, now func() time.Time) *credentialCach
 func (s *Server) authenticate(ctx context.Context, header string) (store.Identity, error) {
 	tok, ok := bearerToken(header)
 	if !ok {
-		return store.Identity{}, errUnauthenticated
+		return store.Identity{}, errNoBearer
 	}
 	k := sha256.Sum256([]byte(tok))
 	if id, ok := s.creds.get(k); ok {

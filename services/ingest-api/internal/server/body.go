@@ -62,7 +62,7 @@ func (s *Server) readBody(c echo.Context, malformed wire.Reason) ([]byte, bool) 
 	r := c.Request()
 	limit := s.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		s.refuse(c, reasonBodyTooLarge)
+		s.refuseTooLarge(c)
 		return nil, false
 	}
 	// One byte past the limit (or past the declared length) lets the reader
@@ -81,12 +81,12 @@ func (s *Server) readBody(c echo.Context, malformed wire.Reason) ([]byte, bool) 
 			if grown <= int64(cap(buf)) {
 				// The readers below end a body before ceiling bytes; should
 				// one ever not, refuse rather than read into no room forever.
-				s.refuse(c, reasonBodyTooLarge)
+				s.refuseTooLarge(c)
 				return nil, false
 			}
 			if !s.bodies.reserve(grown - int64(cap(buf))) {
 				s.metrics.bodyBudgetRefusals.Inc()
-				s.refuse(c, reasonUnavailable)
+				s.refuse(c, reasonUnavailable, "")
 				return nil, false
 			}
 			st.bodyHeld += grown - int64(cap(buf))
@@ -102,10 +102,10 @@ func (s *Server) readBody(c echo.Context, malformed wire.Reason) ([]byte, bool) 
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			if errors.As(err, &tooLarge) {
-				s.refuse(c, reasonBodyTooLarge)
+				s.refuseTooLarge(c)
 				return nil, false
 			}
-			s.refuse(c, malformed)
+			s.refuse(c, malformed, detailUnreadableBody)
 			return nil, false
 		}
 	}

@@ -305,6 +305,8 @@ func checkOutcome(t *testing.T, status int, a answer, body []byte) {
 		if !ok || want != status || a.Cursor != nil {
 			t.Fatalf("status %d refused/%q (contract: %d, known %v): %s", status, a.Reason, want, ok, body)
 		}
+		// Contract §8.11: a fixed sentence, whatever the fuzzed request held.
+		checkDetail(t, status, a.Detail, body)
 	default:
 		t.Fatalf("status %d, outcome %q: %s", status, a.Outcome, body)
 	}

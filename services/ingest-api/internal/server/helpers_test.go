@@ -113,6 +113,9 @@ type fixture struct {
 	// bodies collects every answer body the fixture saw, for the leak scan.
 	mu     sync.Mutex
 	bodies []resp
+	// observe, when set, sees every request do served and its answer (the
+	// OpenAPI test validates each answer against the document).
+	observe func(*http.Request, resp)
 }
 
 func testConfig() Config {
@@ -293,6 +296,9 @@ func (f *fixture) do(r req) resp {
 	f.mu.Lock()
 	f.bodies = append(f.bodies, res)
 	f.mu.Unlock()
+	if f.observe != nil {
+		f.observe(hr, res)
+	}
 	return res
 }
 
@@ -346,6 +352,7 @@ func wantAnswer(t testing.TB, r resp, status int, outcome, reason string, wantCu
 		if a.Cursor != nil {
 			t.Fatalf("refusal carries a cursor: %s", r.body)
 		}
+		checkDetail(t, r.status, a.Detail, r.body)
 	} else if a.Cursor == nil || (wantCursor >= 0 && *a.Cursor != wantCursor) {
 		t.Fatalf("cursor = %v, want %d (body %s)", a.Cursor, wantCursor, r.body)
 	}

@@ -26,7 +26,7 @@ func (s *Server) admit(c echo.Context) (store.Identity, bool) {
 	}
 	id, err := s.authenticate(ctx, c.Request().Header.Get(echo.HeaderAuthorization))
 	if errors.Is(err, errUnauthenticated) {
-		s.refuse(c, reasonUnauthenticated)
+		s.refuse(c, reasonUnauthenticated, authDetail(err))
 		return store.Identity{}, false
 	}
 	if err != nil {
@@ -79,12 +79,14 @@ type decision struct {
 	refusal *answer
 }
 
-func refusalDecision(actor store.Actor, project, eventIdentity string, reason wire.Reason) decision {
+// refusalDecision is a refusal of steps 1c–4; detail is its fixed sentence
+// (answered and logged, never audited: the audit row keeps the reason).
+func refusalDecision(actor store.Actor, project, eventIdentity string, reason wire.Reason, detail string) decision {
 	return decision{
 		item: store.BatchItem{Actor: actor, Refusal: &store.AuditEntry{
 			ProjectID: project, EventIdentity: eventIdentity, Outcome: string(outcomeRefused), Reason: string(reason),
 		}},
-		refusal: &answer{Outcome: outcomeRefused, Reason: reason, EventIdentity: eventIdentity},
+		refusal: &answer{Outcome: outcomeRefused, Reason: reason, EventIdentity: eventIdentity, Detail: detail},
 	}
 }
 
@@ -109,18 +111,18 @@ type keyCache map[string]store.Key
 func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, shared *activeKeys, now time.Time) (decision, error) {
 	env, err := envelope.ParseWithLimits(raw, envelope.DefaultLimits())
 	if err != nil {
-		reason := reasonInvalidEnvelope
-		if r, ok := envelope.ReasonOf(err); ok {
-			reason = wire.Reason(r)
-		}
-		return refusalDecision(actor, "", "", reason), nil
+		reason, detail := envelopeRefusal(err)
+		return refusalDecision(actor, "", "", reason, detail), nil
 	}
 	project, eid := env.ProjectID, env.EventIdentity()
-	if env.TenantID != actor.TenantID || env.ProducerID != actor.DeviceID {
-		return refusalDecision(actor, project, eid, reasonRouteMismatch), nil
+	if env.TenantID != actor.TenantID {
+		return refusalDecision(actor, project, eid, reasonRouteMismatch, detailTenantMismatch), nil
+	}
+	if env.ProducerID != actor.DeviceID {
+		return refusalDecision(actor, project, eid, reasonRouteMismatch, detailProducerMismatch), nil
 	}
 	if idem.present && !idem.matches(env.IdempotencyKey) {
-		return refusalDecision(actor, project, eid, reasonIdempotencyKeyMismatch), nil
+		return refusalDecision(actor, project, eid, reasonIdempotencyKeyMismatch, detailIdempotencyHeader), nil
 	}
 
 	// Step 3.
@@ -141,7 +143,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		key, err = s.store.LookupKey(lctx, actor.TenantID, env.KeyID)
 		cancel()
 		if errors.Is(err, store.ErrNotFound) {
-			return refusalDecision(actor, project, eid, reasonUnknownKey), nil
+			return refusalDecision(actor, project, eid, reasonUnknownKey, detailUnknownKey), nil
 		}
 		if err != nil {
 			return decision{}, opError{"lookup_key", err}
@@ -154,14 +156,14 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 	switch key.State {
 	case store.KeyActive:
 		if !verified && env.Verify(key.PublicKey) != nil {
-			return refusalDecision(actor, project, eid, "bad_signature"), nil
+			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 	case store.KeyRetired:
 		if err := env.Verify(key.PublicKey); err != nil {
-			return refusalDecision(actor, project, eid, "bad_signature"), nil
+			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 		if key.RetiredAt == nil || env.IssuedAt.After(*key.RetiredAt) {
-			return refusalDecision(actor, project, eid, reasonKeyRetired), nil
+			return refusalDecision(actor, project, eid, reasonKeyRetired, detailKeyRetired), nil
 		}
 	default:
 		// Revoked (or a state this build does not know: fail closed). Only
@@ -175,20 +177,17 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 			return decision{}, opError{"signed_by", err}
 		}
 		if !signed || key.State != store.KeyRevoked {
-			return refusalDecision(actor, project, eid, reasonKeyRevoked), nil
+			return refusalDecision(actor, project, eid, reasonKeyRevoked, detailKeyRevoked), nil
 		}
 		if err := env.Verify(key.PublicKey); err != nil {
-			return refusalDecision(actor, project, eid, "bad_signature"), nil
+			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 	}
 
 	// Step 4.
 	if err := env.Validate(now, s.cfg.ReplayWindow); err != nil {
-		reason := reasonInvalidEnvelope
-		if r, ok := envelope.ReasonOf(err); ok {
-			reason = wire.Reason(r)
-		}
-		return refusalDecision(actor, project, eid, reason), nil
+		reason, detail := envelopeRefusal(err)
+		return refusalDecision(actor, project, eid, reason, detail), nil
 	}
 
 	var verifiedWith []byte
@@ -238,6 +237,7 @@ func answerOf(d decision, r store.Result) answer {
 	default:
 		a.Outcome = outcomeRefused
 		a.Reason = wire.Reason(r.Reason)
+		a.Detail = storeDetail[a.Reason]
 	}
 	return a
 }
@@ -275,7 +275,7 @@ func (s *Server) postEnvelope(c echo.Context) error {
 	var dec decision
 	var err error
 	if id.Role != store.RoleDevice {
-		dec = refusalDecision(actor, "", "", reasonForbidden)
+		dec = refusalDecision(actor, "", "", reasonForbidden, detailRoleDevice)
 	} else if dec, err = s.decide(ctx, actor, body, idem, keyCache{}, s.activeKeys, s.cfg.Now()); err != nil {
 		return s.storeFailure(c, err)
 	}
@@ -316,8 +316,8 @@ func (s *Server) postBatch(c echo.Context) error {
 	actor := actorOf(id, st.correlationID)
 
 	// Whole-request refusals after the limiter are audited once.
-	wholeRefusal := func(reason wire.Reason) error {
-		dec := refusalDecision(actor, "", "", reason)
+	wholeRefusal := func(reason wire.Reason, detail string) error {
+		dec := refusalDecision(actor, "", "", reason, detail)
 		if _, err := s.commit.submit(ctx, dec.item); err != nil {
 			return s.storeFailure(c, opError{"audit", err})
 		}
@@ -325,11 +325,12 @@ func (s *Server) postBatch(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleDevice {
-		return wholeRefusal(reasonForbidden)
+		return wholeRefusal(reasonForbidden, detailRoleDevice)
 	}
 	raws, err := envelope.SplitBatch(body)
 	if err != nil {
-		return wholeRefusal(reasonInvalidEnvelope)
+		_, detail := envelopeRefusal(err)
+		return wholeRefusal(reasonInvalidEnvelope, detail)
 	}
 
 	results := make([]batchResult, len(raws))
@@ -374,7 +375,7 @@ func (s *Server) postBatch(c echo.Context) error {
 		if i < processed {
 			a = answerOf(decisions[i], storeResults[i])
 		} else {
-			a = answer{Outcome: outcomeRefused, Reason: reasonRateLimited}
+			a = answer{Outcome: outcomeRefused, Reason: reasonRateLimited, Detail: detailSyncLimited}
 		}
 		a.CorrelationID = st.correlationID
 		s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()

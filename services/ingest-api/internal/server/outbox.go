@@ -46,49 +46,55 @@ var outboxMembers = map[string]bool{
 // envelope reader refuses duplicate members, bad UTF-8, lone surrogates and
 // the depth and item limits, and yields the JCS form whose digest decides
 // "same request content". ok is false for anything malformed
-// (invalid_request).
-func parseOutboxRequest(body []byte) (r outboxRequest, jcs []byte, ok bool) {
+// (invalid_request), and detail then names the rule that failed (the
+// envelope reader's sentence for what it refused).
+func parseOutboxRequest(body []byte) (r outboxRequest, jcs []byte, detail string, ok bool) {
+	fail := func(d string) (outboxRequest, []byte, string, bool) { return outboxRequest{}, nil, d, false }
 	jcs, err := envelope.Canonicalize(body)
-	if err != nil || len(jcs) == 0 || jcs[0] != '{' {
-		return outboxRequest{}, nil, false
+	if err != nil {
+		_, d := envelopeRefusal(err)
+		return fail(d)
+	}
+	if len(jcs) == 0 || jcs[0] != '{' {
+		return fail(detailOutboxNotObject)
 	}
 	// The raw body, not the JCS form, so max_attempts is judged as sent: 8.0
 	// or 8e0 canonicalize to 8 but are not the integer the contract asks for.
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxNotObject)
 	}
 	for name := range m {
 		if !outboxMembers[name] {
-			return outboxRequest{}, nil, false
+			return fail(detailOutboxUnknown)
 		}
 	}
 	if r.ProjectID, ok = jsonString(m["project_id"]); !ok || !envelope.ValidIdentity(r.ProjectID) {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxProject)
 	}
 	if r.Topic, ok = jsonString(m["topic"]); !ok || !store.ValidTopic(r.Topic) {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxTopic)
 	}
 	if r.IdempotencyKey, ok = jsonString(m["idempotency_key"]); !ok || !envelope.ValidIdempotencyKey(r.IdempotencyKey) {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxKey)
 	}
 	if r.Kind, ok = jsonString(m["kind"]); !ok || (envelope.Metadata{Kind: r.Kind}).Validate() != nil {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxKind)
 	}
 	payload, present := m["payload"]
 	if !present {
-		return outboxRequest{}, nil, false
+		return fail(detailOutboxPayload)
 	}
 	r.Payload = payload
 	r.MaxAttempts = store.DefaultMaxAttempts
 	if raw, present := m["max_attempts"]; present {
 		n, ok := exactInt(raw)
 		if !ok || n < store.MinMaxAttempts || n > store.MaxMaxAttempts {
-			return outboxRequest{}, nil, false
+			return fail(detailOutboxMaxAttempts)
 		}
 		r.MaxAttempts = n
 	}
-	return r, jcs, true
+	return r, jcs, "", true
 }
 
 // jsonString decodes raw when it is a JSON string; null, which
@@ -190,6 +196,7 @@ func (s *Server) issuedAt() time.Time { return s.cfg.Now().UTC().Truncate(time.M
 type enqueueReply struct {
 	status  int
 	reason  wire.Reason
+	detail  string // of a refusal
 	outcome string // created, repeated
 	body    []byte
 }
@@ -198,18 +205,18 @@ func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
 	var envErr *envelope.Error
 	switch err := a.Err; {
 	case errors.Is(err, store.ErrIdempotencyConflict):
-		return enqueueReply{reason: reasonIdempotencyConflict}, nil
+		return enqueueReply{reason: reasonIdempotencyConflict, detail: detailIdempotencyUsed}, nil
 	case errors.Is(err, store.ErrNoEndpoint):
-		return enqueueReply{reason: reasonNoEndpoint}, nil
+		return enqueueReply{reason: reasonNoEndpoint, detail: detailNoEndpoint}, nil
 	case errors.Is(err, store.ErrInvalid):
 		// The envelope built from the request came out unusable: a
 		// permanent answer, as below.
-		return enqueueReply{reason: reasonInvalidRequest}, nil
+		return enqueueReply{reason: reasonInvalidRequest, detail: detailOutboxEnvelope}, nil
 	case errors.As(err, &envErr):
 		// The request fit its limits but the envelope built from it does
 		// not (it has more members and bytes than the request): a
 		// permanent answer, not a 503 to retry forever.
-		return enqueueReply{reason: reasonInvalidRequest}, nil
+		return enqueueReply{reason: reasonInvalidRequest, detail: detailOutboxEnvelope}, nil
 	case err != nil:
 		return enqueueReply{}, err
 	}
@@ -262,11 +269,11 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleService {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleService)
 	}
-	r, jcs, ok := parseOutboxRequest(body)
+	r, jcs, detail, ok := parseOutboxRequest(body)
 	if !ok {
-		return s.refuse(c, reasonInvalidRequest)
+		return s.refuse(c, reasonInvalidRequest, detail)
 	}
 	ctx := c.Request().Context()
 	sg, ok, err := s.signer(ctx, id.TenantID)
@@ -274,7 +281,7 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return s.unavailable(c, "signing_key", err)
 	}
 	if !ok {
-		return s.refuse(c, reasonNoSigningKey)
+		return s.refuse(c, reasonNoSigningKey, detailNoSigningKey)
 	}
 	st := state(c)
 	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
@@ -282,7 +289,7 @@ func (s *Server) postOutbox(c echo.Context) error {
 	if errors.Is(err, store.ErrInvalid) {
 		// Everything the store checks was checked above, except the
 		// credential's device as a producer id.
-		return s.refuse(c, reasonInvalidRequest)
+		return s.refuse(c, reasonInvalidRequest, detailOutboxProducer)
 	}
 	if err != nil {
 		return s.unavailable(c, "enqueue", err)
@@ -292,7 +299,7 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return s.unavailable(c, "enqueue", err)
 	}
 	if rep.reason != "" {
-		return s.refuse(c, rep.reason)
+		return s.refuse(c, rep.reason, rep.detail)
 	}
 	st.outcome = rep.outcome
 	s.metrics.outbox.WithLabelValues(rep.outcome).Inc()
@@ -325,14 +332,15 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleService {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleService)
 	}
 	raws, err := envelope.SplitOutboxBatch(body)
 	if err != nil {
 		if r, _ := envelope.ReasonOf(err); r == envelope.ReasonBodyTooLarge {
-			return s.refuse(c, reasonBodyTooLarge)
+			return s.refuseTooLarge(c)
 		}
-		return s.refuse(c, reasonInvalidRequest)
+		_, detail := envelopeRefusal(err)
+		return s.refuse(c, reasonInvalidRequest, detail)
 	}
 	processed := len(raws)
 	for i := 1; i < len(raws); i++ {
@@ -358,13 +366,13 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 	var itemOf []int // replies index of each store item
 	issuedAt := s.issuedAt()
 	for i, raw := range raws {
-		switch r, jcs, ok := parseOutboxRequest(raw); {
+		switch r, jcs, detail, ok := parseOutboxRequest(raw); {
 		case i >= processed:
-			replies[i].reason = reasonRateLimited
+			replies[i].reason, replies[i].detail = reasonRateLimited, detailOutboxLimited
 		case !ok:
-			replies[i].reason = reasonInvalidRequest
+			replies[i].reason, replies[i].detail = reasonInvalidRequest, detail
 		case !hasKey:
-			replies[i].reason = reasonNoSigningKey
+			replies[i].reason, replies[i].detail = reasonNoSigningKey, detailNoSigningKey
 		default:
 			items = append(items, enqueueItem(actor, id.DeviceID, r, jcs, sg, issuedAt))
 			itemOf = append(itemOf, i)
@@ -381,7 +389,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 			err = errors.New("store returned an answer count unlike the item count")
 		}
 		if errors.Is(err, store.ErrInvalid) {
-			return s.refuse(c, reasonInvalidRequest) // as in postOutbox: the credential's device
+			return s.refuse(c, reasonInvalidRequest, detailOutboxProducer) // as in postOutbox: the credential's device
 		}
 		if err != nil {
 			return s.unavailable(c, "enqueue_batch", err)
@@ -401,7 +409,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		}
 		if rep.reason != "" {
 			b, err := json.Marshal(batchResult{
-				Answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID},
+				Answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID, Detail: rep.detail},
 				Status: statusOf(rep.reason),
 			})
 			if err != nil {
@@ -481,13 +489,13 @@ func serveTenantRead(s *Server, c echo.Context, what string, read func(ctx conte
 		return nil
 	}
 	if id.Role != store.RoleService && id.Role != store.RoleOperator {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleServiceOrOps)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
 	body, err := read(ctx, id.TenantID)
 	if errors.Is(err, store.ErrNotFound) {
-		return s.refuse(c, reasonNotFound)
+		return s.refuse(c, reasonNotFound, detailNoMessage)
 	}
 	if err != nil {
 		return s.unavailable(c, what, err)
@@ -566,25 +574,25 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleOperator {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleOperator)
 	}
 	q := c.QueryParams()
 	projects, present := q["project_id"]
 	if !present || len(projects) != 1 || !envelope.ValidIdentity(projects[0]) {
-		return s.refuse(c, reasonInvalidRequest)
+		return s.refuse(c, reasonInvalidRequest, detailQueryProject)
 	}
 	limit := store.MaxDeadLetterPage
 	if vs, present := q["limit"]; present {
 		n, err := strconv.Atoi(vs[0])
 		if len(vs) != 1 || err != nil || n < 1 || n > store.MaxDeadLetterPage {
-			return s.refuse(c, reasonInvalidPage)
+			return s.refuse(c, reasonInvalidPage, detailPageLimit)
 		}
 		limit = n
 	}
 	after := ""
 	if vs, present := q["after"]; present {
 		if len(vs) != 1 || vs[0] == "" || len(vs[0]) > maxCursorLen {
-			return s.refuse(c, reasonInvalidPage)
+			return s.refuse(c, reasonInvalidPage, detailPageCursor)
 		}
 		after = vs[0]
 	}
@@ -594,7 +602,7 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 	if errors.Is(err, store.ErrInvalid) {
 		// Parameters were checked above; what is left is a cursor the store
 		// cannot read.
-		return s.refuse(c, reasonInvalidPage)
+		return s.refuse(c, reasonInvalidPage, detailPageCursor)
 	}
 	if err != nil {
 		return s.unavailable(c, "list_dead_letters", err)
@@ -620,18 +628,18 @@ func (s *Server) replayDeadLetter(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleOperator {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleOperator)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
 	m, err := s.store.ReplayDeadLetter(ctx, actorOf(id, state(c).correlationID), c.Param("id"))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return s.refuse(c, reasonNotFound)
+		return s.refuse(c, reasonNotFound, detailNoMessage)
 	case errors.Is(err, store.ErrNotDead):
-		return s.refuse(c, reasonNotDead)
+		return s.refuse(c, reasonNotDead, detailNotDead)
 	case errors.Is(err, store.ErrPayloadExpired):
-		return s.refuse(c, reasonPayloadExpired)
+		return s.refuse(c, reasonPayloadExpired, detailBodyExpired)
 	case err != nil:
 		return s.unavailable(c, "replay_dead_letter", err)
 	}

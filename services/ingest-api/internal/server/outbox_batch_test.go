@@ -35,6 +35,7 @@ type batchItem struct {
 	Outcome        wire.Outcome `json:"outcome"`
 	Reason         wire.Reason  `json:"reason"`
 	CorrelationID  string       `json:"correlation_id"`
+	Detail         string       `json:"detail"`
 	Status         int          `json:"status"`
 }
 
@@ -51,6 +52,11 @@ func (o *outboxFixture) batchResults(r resp) []batchItem {
 		if it.Reason != "" && (it.Outcome != outcomeRefused || it.CorrelationID != r.header.Get("X-Correlation-Id") ||
 			it.Envelope != nil || it.Status != statusOf(it.Reason)) {
 			o.t.Fatalf("result %d is not a refusal body: %+v", i, it)
+		}
+		if it.Reason != "" {
+			checkDetail(o.t, it.Status, it.Detail, r.body)
+		} else if it.Detail != "" {
+			o.t.Fatalf("result %d is no refusal but has a detail: %+v", i, it)
 		}
 	}
 	return out.Results

@@ -15,7 +15,7 @@ import (
 func BenchmarkOutboxBuild(b *testing.B) {
 	body := []byte(`{"project_id":"proj-1","topic":"task.proposals","idempotency_key":"k-1","kind":"proposal","payload":{"pad":"` +
 		strings.Repeat("x", 600) + `"}}`)
-	r, jcs, ok := parseOutboxRequest(body)
+	r, jcs, _, ok := parseOutboxRequest(body)
 	if !ok {
 		b.Fatal("body does not parse")
 	}

@@ -143,17 +143,23 @@ func (o *outboxFixture) enqueued(r resp, status int, pub ed25519.PublicKey) (out
 	return a, env
 }
 
-// wantRefusal checks status and the exact refusal body of contract §7.12.
+// wantRefusal checks status and the exact refusal body of contract §7.12,
+// plus the detail of §8.11 (a known sentence; none on a 5xx).
 func wantRefusal(t testing.TB, r resp, status int, reason string) {
 	t.Helper()
 	var m map[string]string
 	if err := json.Unmarshal(r.body, &m); err != nil {
 		t.Fatalf("refusal body %s: %v", r.body, err)
 	}
-	if r.status != status || len(m) != 3 || m["outcome"] != "refused" || m["reason"] != reason ||
+	members := 4
+	if status >= 500 {
+		members = 3
+	}
+	if r.status != status || len(m) != members || m["outcome"] != "refused" || m["reason"] != reason ||
 		m["correlation_id"] == "" || m["correlation_id"] != r.header.Get("X-Correlation-Id") {
 		t.Fatalf("got %d %s, want %d refused/%s", r.status, r.body, status, reason)
 	}
+	checkDetail(t, r.status, m["detail"], r.body)
 }
 
 func (f *fixture) count(query string, args ...any) int {

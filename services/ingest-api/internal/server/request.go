@@ -26,8 +26,10 @@ type reqState struct {
 
 	identity *store.Identity
 
-	// outcome and reason of the HTTP answer, for the access log and metrics.
-	outcome, reason string
+	// outcome and reason of the HTTP answer, for the access log and metrics;
+	// detail, a refusal's fixed sentence, for the access log only (it would
+	// multiply metric series).
+	outcome, reason, detail string
 	// items counts batch items by outcome for the access log.
 	items int
 	// bodyHeld is what readBody reserved from the in-flight body budget;
@@ -132,6 +134,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		if st.reason != "" {
 			attrs = append(attrs, slog.String("reason", st.reason))
+		}
+		if st.detail != "" {
+			attrs = append(attrs, slog.String("detail", st.detail))
 		}
 		if st.traceparent != "" {
 			attrs = append(attrs, slog.String("traceparent", st.traceparent))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
@@ -34,32 +35,42 @@ func writeJSON(c echo.Context, status int, v any) {
 func (s *Server) writeAnswer(c echo.Context, a answer) {
 	st := state(c)
 	a.CorrelationID = st.correlationID
-	st.outcome, st.reason = string(a.Outcome), string(a.Reason)
+	st.outcome, st.reason, st.detail = string(a.Outcome), string(a.Reason), a.Detail
 	s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
 	writeJSON(c, statusOf(a.Reason), a)
 }
 
-// writeRefusal answers a refusal with the contract's refusal body.
-func (s *Server) writeRefusal(c echo.Context, status int, reason wire.Reason) {
+// writeRefusal answers a refusal with the contract's refusal body and, but
+// for a 5xx, its detail (contract §8.11), which the access log repeats.
+func (s *Server) writeRefusal(c echo.Context, status int, reason wire.Reason, detail string) {
 	st := state(c)
-	st.outcome, st.reason = string(outcomeRefused), string(reason)
+	if status >= http.StatusInternalServerError {
+		detail = ""
+	}
+	st.outcome, st.reason, st.detail = string(outcomeRefused), string(reason), detail
 	if status == http.StatusServiceUnavailable {
 		c.Response().Header().Set(wire.HeaderRetryAfter, "1")
 	}
-	writeJSON(c, status, answer{Outcome: outcomeRefused, Reason: reason, CorrelationID: st.correlationID})
+	writeJSON(c, status, answer{Outcome: outcomeRefused, Reason: reason, CorrelationID: st.correlationID, Detail: detail})
 }
 
-// refuse answers reason with its contract status.
-func (s *Server) refuse(c echo.Context, reason wire.Reason) error {
-	s.writeRefusal(c, statusOf(reason), reason)
+// refuse answers reason with its contract status and detail, one of the
+// fixed sentences of detail.go or of the envelope module.
+func (s *Server) refuse(c echo.Context, reason wire.Reason, detail string) error {
+	s.writeRefusal(c, statusOf(reason), reason, detail)
 	return nil
+}
+
+// refuseTooLarge answers 413 naming the body limit in force.
+func (s *Server) refuseTooLarge(c echo.Context) error {
+	return s.refuse(c, reasonBodyTooLarge, envelope.BodyTooLargeDetail(int(s.cfg.MaxBodyBytes)))
 }
 
 // rateLimited answers 429 with Retry-After in whole seconds.
 func (s *Server) rateLimited(c echo.Context, policy string, retryAfterSeconds int64) error {
 	s.metrics.limiterRefused.WithLabelValues(policy).Inc()
 	c.Response().Header().Set(wire.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds, 10))
-	return s.refuse(c, reasonRateLimited)
+	return s.refuse(c, reasonRateLimited, limiterDetail[policy])
 }
 
 // unavailable answers 503 for a failing dependency. The error is logged
@@ -72,5 +83,5 @@ func (s *Server) unavailable(c echo.Context, op string, err error) error {
 		attrs = append(attrs, slog.String("sql_state", code))
 	}
 	s.logger(c).Error("dependency failed", attrs...)
-	return s.refuse(c, reasonUnavailable)
+	return s.refuse(c, reasonUnavailable, "")
 }

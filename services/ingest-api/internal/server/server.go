@@ -170,6 +170,17 @@
 // without a key answers 200 with an empty list, a failing key source 503.
 // It takes no parameters, so another tenant's keys cannot be named.
 //
+// # Refusal details
+//
+// Every refusal but a 5xx carries "detail" (contract §8.11), and so does the
+// request's access-log line: a fixed sentence of detail.go, or of the
+// envelope module for what it decides, naming the rule that failed and the
+// contract member it concerns. It never quotes the request (no value,
+// offset or unknown member name), so the sentences are a closed list the
+// tests hold every refusal to. The routes, answers and codes are also
+// described by openapi.yaml in the module's root, which the tests validate
+// real answers against.
+//
 // # Other answers
 //
 // Unknown routes answer 404 not_found and wrong methods 405
@@ -443,15 +454,17 @@ func (s *Server) handleError(err error, c echo.Context) {
 	var he *echo.HTTPError
 	reason := reasonUnavailable
 	status := http.StatusInternalServerError
+	detail := ""
 	if errors.As(err, &he) {
 		switch he.Code {
 		case http.StatusNotFound:
-			reason, status = reasonNotFound, http.StatusNotFound
+			reason, status, detail = reasonNotFound, http.StatusNotFound, detailNoRoute
 		case http.StatusMethodNotAllowed:
-			reason, status = reasonMethodNotAllowed, http.StatusMethodNotAllowed
+			reason, status, detail = reasonMethodNotAllowed, http.StatusMethodNotAllowed, detailNoMethod
 		case http.StatusRequestEntityTooLarge:
 			reason, status = reasonBodyTooLarge, http.StatusRequestEntityTooLarge
+			detail = envelope.BodyTooLargeDetail(int(s.cfg.MaxBodyBytes))
 		}
 	}
-	s.writeRefusal(c, status, reason)
+	s.writeRefusal(c, status, reason, detail)
 }

@@ -41,10 +41,10 @@ func (s *Server) getStream(c echo.Context) error {
 	}
 	project, producer := c.Param("project"), c.Param("producer")
 	if id.Role != store.RoleDevice || producer != id.DeviceID {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailOwnStream)
 	}
 	if !validIdentity(project) {
-		return s.refuse(c, reasonInvalidRequest)
+		return s.refuse(c, reasonInvalidRequest, detailPathProject)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -70,15 +70,18 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 		return nil
 	}
 	if id.Role != store.RoleService {
-		return s.refuse(c, reasonForbidden)
+		return s.refuse(c, reasonForbidden, detailRoleService)
 	}
 	project, producer := c.Param("project"), c.Param("producer")
-	if !validIdentity(project) || !validIdentity(producer) {
-		return s.refuse(c, reasonInvalidRequest)
+	if !validIdentity(project) {
+		return s.refuse(c, reasonInvalidRequest, detailPathProject)
 	}
-	after, limit, ok := pageParams(c)
-	if !ok {
-		return s.refuse(c, reasonInvalidPage)
+	if !validIdentity(producer) {
+		return s.refuse(c, reasonInvalidRequest, detailPathProducer)
+	}
+	after, limit, detail := pageParams(c)
+	if detail != "" {
+		return s.refuse(c, reasonInvalidPage, detail)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -134,29 +137,30 @@ func writeStreamPage(w *echo.Response, rows []store.StreamEnvelope, cursor int64
 
 // pageParams parses after (default 0, a non-negative integer) and limit
 // (default 100, 1–100). A value that does not parse is as wrong as one out
-// of range: both are invalid_page.
-func pageParams(c echo.Context) (after int64, limit int, ok bool) {
+// of range: both are invalid_page, whose detail names the parameter ("" when
+// both are fine).
+func pageParams(c echo.Context) (after int64, limit int, detail string) {
 	q := c.QueryParams()
 	limit = defaultPageLimit
 	if vs, present := q["limit"]; present {
 		if len(vs) != 1 {
-			return 0, 0, false
+			return 0, 0, detailPageLimit
 		}
 		n, err := strconv.Atoi(vs[0])
 		if err != nil || n < 1 || n > maxPageLimit {
-			return 0, 0, false
+			return 0, 0, detailPageLimit
 		}
 		limit = n
 	}
 	if vs, present := q["after"]; present {
 		if len(vs) != 1 {
-			return 0, 0, false
+			return 0, 0, detailPageAfter
 		}
 		n, err := strconv.ParseInt(vs[0], 10, 64)
 		if err != nil || n < 0 {
-			return 0, 0, false
+			return 0, 0, detailPageAfter
 		}
 		after = n
 	}
-	return after, limit, true
+	return after, limit, ""
 }
