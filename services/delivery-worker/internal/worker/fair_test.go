@@ -280,3 +280,60 @@ func TestSlotsReleasedAfterFailedClaim(t *testing.T) {
 		t.Fatal("claim failure not counted")
 	}
 }
+
+func TestNextRefresh(t *testing.T) {
+	const base = 10 * time.Millisecond
+	for name, c := range map[string]struct {
+		base, cur       time.Duration
+		serving, listed []string
+		want            time.Duration
+	}{
+		"first listing":               {base, base, nil, []string{"ta"}, base},
+		"same lone tenant doubles":    {base, base, []string{"ta"}, []string{"ta"}, 2 * base},
+		"doubling stops at the bound": {base, 80 * time.Millisecond, []string{"ta"}, []string{"ta"}, maxTenantRefresh},
+		"at the bound stays":          {base, maxTenantRefresh, []string{"ta"}, []string{"ta"}, maxTenantRefresh},
+		"fewer tenants doubles":       {base, 20 * time.Millisecond, []string{"ta", "tb"}, []string{"tb"}, 40 * time.Millisecond},
+		"a new tenant resets":         {base, maxTenantRefresh, []string{"ta"}, []string{"ta", "tb"}, base},
+		"nothing due resets":          {base, maxTenantRefresh, []string{"ta"}, nil, base},
+		"a longer base is the bound":  {time.Second, time.Second, []string{"ta"}, []string{"ta"}, time.Second},
+	} {
+		if got := nextRefresh(c.base, c.cur, c.serving, c.listed); got != c.want {
+			t.Errorf("%s: %v, want %v", name, got, c.want)
+		}
+	}
+}
+
+// While one tenant drains a backlog its listings back off (nextRefresh); a
+// tenant that gets due work meanwhile is still found by a listing and
+// served while the other's backlog is far from drained. (The bound of the
+// back-off, maxTenantRefresh, is TestNextRefresh's: a wall-clock bound here
+// would say more about the machine's load than about the worker.)
+func TestNewTenantFoundWhileListingsBackOff(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.endpoint("ta", "orders", rc.srv.URL+"/a", "ep")
+	e.endpoint("tb", "orders", rc.srv.URL+"/b", testRefs[1])
+	_, seed := e.enqueue("ta", "orders", 12)
+	e.exec(`INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
+	            max_attempts, budget, next_attempt_at)
+	        SELECT tenant_id, 'msg_' || lpad(to_hex(g), 24, '0'), project_id, topic, endpoint_id, event_identity,
+	            max_attempts, budget, now()
+	        FROM outbox_messages, generate_series(1, 19999) g WHERE message_id = $1`, seed[0])
+	w, _ := newWorker(t, e.dsn, opts{concurrency: 8})
+	defer start(w)()
+	waitFor(t, 10*time.Second, "A's drain to start", func() bool {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		return len(rc.order) > 0
+	})
+	// Several listings into the drain: backed off to the bound by now.
+	time.Sleep(4 * maxTenantRefresh)
+	began := time.Now()
+	_, b := e.enqueue("tb", "orders", 12)
+	waitFor(t, 5*time.Second, "B's message", func() bool { return rc.hits(b[0]) > 0 })
+	took := time.Since(began)
+	if n := e.count(`SELECT count(*) FROM outbox_messages WHERE tenant_id = 'ta' AND status IN ('pending', 'delivering')`); n == 0 {
+		t.Fatal("A's backlog drained before B was enqueued: the listings never backed off while B waited")
+	}
+	t.Logf("B delivered %v after being enqueued during A's drain", took.Round(time.Millisecond))
+}
