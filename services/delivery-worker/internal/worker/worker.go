@@ -62,7 +62,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -89,9 +88,7 @@ type Config struct {
 	PollInterval time.Duration
 	// TenantRefresh is how long Run may serve the tenants whose last claim
 	// came back full before listing due tenants again (default
-	// min(PollInterval, maxTenantRefresh)). While listings find only the
-	// tenants Run is already serving, the interval doubles up to
-	// max(TenantRefresh, maxTenantRefresh) (see nextRefresh).
+	// min(PollInterval, 100ms)).
 	TenantRefresh time.Duration
 	// Grace is how long in-flight attempts may run after Run's context ends.
 	Grace time.Duration
@@ -103,10 +100,6 @@ type Config struct {
 	// time.Now).
 	Now func() time.Time
 }
-
-// maxTenantRefresh is the longest a tenant that just got due work waits for
-// the next listing of due tenants by default (Config.TenantRefresh).
-const maxTenantRefresh = 100 * time.Millisecond
 
 // settleMargin is the part of the lease kept for settling.
 func (c Config) settleMargin() time.Duration { return c.Lease / 5 }
@@ -162,7 +155,7 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 		cfg.TenantMaxInflight = DefaultTenantMaxInflight(cfg.Concurrency)
 	}
 	if cfg.TenantRefresh == 0 {
-		cfg.TenantRefresh = min(cfg.PollInterval, maxTenantRefresh)
+		cfg.TenantRefresh = min(cfg.PollInterval, 100*time.Millisecond)
 	}
 	if err := cfg.Validate(httpTimeout); err != nil {
 		return nil, err
@@ -190,20 +183,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	// The due-tenant list costs a scan of the whole backlog, so a cycle
 	// reuses the previous one's full tenants (their claims came back full:
 	// more is due) and asks again only when none is left or the list is
-	// refresh old. A tenant that just got due work waits at most that long
-	// plus one cycle.
+	// TenantRefresh old. A tenant that just got due work waits at most that
+	// long plus one cycle.
 	var tenants []string
 	var listedAt time.Time
-	refresh := w.cfg.TenantRefresh
 	for ctx.Err() == nil {
 		var n int
 		var err error
 		var capped bool
-		if len(tenants) == 0 || time.Since(listedAt) >= refresh {
-			serving := tenants
+		if len(tenants) == 0 || time.Since(listedAt) >= w.cfg.TenantRefresh {
 			tenants, err = w.dueTenants(ctx)
 			listedAt = time.Now()
-			refresh = nextRefresh(w.cfg.TenantRefresh, refresh, serving, tenants)
 		}
 		if err == nil {
 			n, tenants, capped, err = w.serve(ctx, workCtx, tenants, &inflight)
@@ -239,27 +229,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	stats.Wait()
 	return nil
-}
-
-// nextRefresh is how long Run serves the listed tenants before listing
-// again. A listing that finds no tenant beyond those being served (one
-// tenant draining a backlog, say) was a scan of the backlog that changed
-// nothing, so the next one waits twice as long, up to
-// max(base, maxTenantRefresh); a listing that finds a new tenant, or
-// follows an empty serving list, goes back to base. Listing every poll
-// interval during a one-tenant drain cost PostgreSQL as much time as the
-// claims (docs/benchmarks.md, issue 14), while a tenant that gets due work
-// meanwhile still waits no longer than the default bound.
-func nextRefresh(base, cur time.Duration, serving, listed []string) time.Duration {
-	if len(serving) == 0 || len(listed) == 0 {
-		return base
-	}
-	for _, t := range listed {
-		if !slices.Contains(serving, t) {
-			return base
-		}
-	}
-	return min(2*cur, max(base, maxTenantRefresh))
 }
 
 func (w *Worker) sleep(ctx context.Context, d time.Duration) {
