@@ -17,9 +17,7 @@ var HotSQL = map[string]string{
 	"claim":          claimSQL,
 	"outboxAttempts": outboxAttemptsSQL,
 	// Settles, replay and message reads (outbox_delivery.go, outbox.go).
-	"markDelivered": markDeliveredSQL,
-	"markRetry":     markRetrySQL,
-	"markDead":      markDeadSQL,
+	"settle":        settleSQL,
 	"replay":        replaySQL,
 	"listDead":      listDeadSQL,
 	"messageExists": messageExistsSQL,

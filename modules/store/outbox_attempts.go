@@ -1,7 +1,7 @@
 package store
 
 // Delivery attempt history (contract §8.8). The rows are written by the
-// statements that end an attempt: a settle (recordAttemptSQL, in
+// statements that end an attempt: a settle (settleSQL, in
 // outbox_delivery.go) or the claim that finds the attempt's lease expired
 // (claimSQL). Nothing else writes them; the retention janitor deletes them
 // with the outbound body (§8.9). They hold only what explains a failure: no
@@ -19,7 +19,7 @@ import (
 )
 
 // AttemptResult is what an attempt left the message in. A settle records
-// the status it set (recordAttemptSQL), so delivered and dead are those
+// the status it set (settleSQL), so delivered and dead are those
 // statuses by definition.
 type AttemptResult string
 

@@ -195,116 +195,112 @@ func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Du
 	return out, nil
 }
 
-// Every settle matches the attempt it claimed and the delivering status:
-// after a lease expired and another worker claimed the message, attempts has
-// moved on and the stale worker's settle changes nothing.
-const fence = `tenant_id = $1 AND message_id = $2 AND attempts = $3 AND status = 'delivering'`
-
-// raiseExpiry is the step every settle that leaves a message delivered or
-// dead takes, in its own CTE of the settle's statement: it raises the
-// expiry of the envelope's body to at least now() + retention ($N,
-// microseconds), so the last settle of an envelope leaves its own time plus
-// the retention (§8.9). Whether that settle was the last one is not decided
-// here: the janitor deletes a body only when none of its messages is
-// pending or delivering (noneInFlight), a check made on the latest
-// committed rows, so two messages of one envelope settling at once in
-// separate transactions need not see each other.
+// settleSQL applies a batch of settles of tenant $1 in one statement, one
+// array element a settle (SettleBatch). Each is fenced on its own row: it
+// changes the message only while the message is delivering under the
+// attempt it claimed, so after a lease expired and another worker claimed
+// the message (attempts moved on) a stale worker's settle changes nothing.
+// A row another transaction changes between this statement's snapshot and
+// its update is re-checked against the fence on its new version.
 //
-// A body row another transaction holds is skipped, not waited for, so a
-// settle never waits on the body, and settles of one envelope's messages in
-// different batches cannot deadlock on it. Whoever holds it fixes the
-// expiry instead: a sibling's settle (same moment), or a replay, which
-// clears it for a message that will settle again. The envelope query may
-// read a message this statement then finds fenced (it reads the
-// statement's snapshot); raising early is harmless, for the same reason.
+// The outcome decides the new state: delivered; retry, pending again at its
+// next time or dead (code kept) when the claimed attempt was the last of
+// its budget; dead with its code, its endpoint disabled in the same
+// statement when asked (a 410 Gone answer; the first such settle of an
+// endpoint names the reason, as a sequence of single settles would).
 //
-// Written raiseExpiry + "$N" + raiseExpiryOf + envelope query (one row at
-// most) + raiseExpiryEnd: scalar key lookups, so the plan is the primary
-// key's whatever the statistics say (TestHotStatementPlansUseTheirKeys).
-const (
-	raiseExpiry = `
+// The settles that leave a message delivered or dead raise the expiry of
+// its envelope's body to at least now() + retention (§8.9), so the last
+// settle of an envelope leaves its own time plus the retention. Whether
+// that settle was the last one is not decided here: the janitor deletes a
+// body only when none of its messages is pending or delivering
+// (noneInFlight), a check on the latest committed rows. A body another
+// transaction holds is skipped, not waited for (SKIP LOCKED), so a settle
+// never waits on a body and batches sharing envelopes cannot deadlock on
+// them; whoever holds it fixes the expiry instead (a sibling's settle, or
+// a replay, which clears it for a message that will settle again). The
+// envelopes are read from the statement's snapshot, so one whose settle
+// then turns out fenced may be raised too: harmless, for the same reason.
+//
+// Each settle that matched writes its attempt row in the same statement
+// (§8.8): the result is the status it left (a retry on the last attempt is
+// dead), the code the one stored. A settle without its own timing ($8,
+// $9 NULL) records what the database knows: the claim's time (updated_at
+// as claimed, from pre) and the time since. A row already there (attempts
+// reset by hand) is kept: the history never stops a settle. (No conflict
+// target: naming one needs SELECT on the history, which the worker does
+// not have.)
+//
+// Every table is reached by its key whatever the statistics say
+// (TestHotStatementPlansUseTheirKeys): the messages through = ANY of the
+// batch's ids on the primary key, each body by a LATERAL key lookup (OFFSET
+// 0 keeps it from being flattened into a join the planner could turn into
+// a scan), then joined back on the whole key. Messages are locked in index
+// order, so two batches over the same rows lock them in the same order.
+// The statement returns the ordinality of each settle that matched.
+//
+//	$1 tenant  $2 message ids  $3 attempts  $4 outcomes  $5 next attempt times
+//	$6 codes  $7 disable endpoint  $8 started at  $9 durations (ms)  $10 HTTP statuses
+//	$11 payload retention in microseconds
+const settleSQL = `
+WITH s AS (
+    SELECT * FROM unnest($2::text[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::boolean[],
+                         $8::timestamptz[], $9::bigint[], $10::smallint[])
+        WITH ORDINALITY AS s(message_id, attempt, outcome, next_at, code, disable, started_at, duration_ms,
+                             http_status, ord)
+), pre AS (
+    SELECT s.*, o.event_identity, o.updated_at AS claimed_at, o.attempts >= o.max_attempts AS last
+    FROM s CROSS JOIN LATERAL (
+        SELECT o.event_identity, o.updated_at, o.attempts, o.max_attempts FROM outbox_messages o
+        WHERE o.tenant_id = $1 AND o.message_id = s.message_id AND o.attempts = s.attempt AND o.status = 'delivering'
+        OFFSET 0) o
+), expiry AS (
     UPDATE outbound_bodies b
-    SET expires_at = greatest(b.expires_at, now() + `
-	raiseExpiryOf = `::bigint * interval '1 microsecond')
-    WHERE b.tenant_id = $1 AND b.event_identity = (
-        SELECT l.event_identity FROM outbound_bodies l
-        WHERE l.tenant_id = $1 AND l.event_identity = (`
-	raiseExpiryEnd = `)
-        FOR UPDATE SKIP LOCKED)`
-)
-
-// settledEnvelope is the envelope of the message a settle's fence matches.
-const settledEnvelope = `SELECT event_identity FROM outbox_messages WHERE ` + fence
-
-// settledColumns is what a settle's UPDATE returns for recordAttemptSQL.
-const settledColumns = `message_id, attempts, status, last_error_code`
-
-// recordAttemptSQL follows a settle's UPDATE (CTE m, RETURNING
-// settledColumns) in the same statement: the attempt row is written only
-// when the fenced update matched, so a stale settle records nothing and the
-// history costs no round trip. The result is the status the attempt left
-// the message in (a retry on the last attempt is dead); the code is the one
-// the settle stored. $4 started_at, $5 duration in ms, $6 HTTP status (NULL:
-// no answer). A caller that did not time the attempt passes NULL for $4 and
-// $5 and gets what the database knows: the claim's time (updated_at, read
-// from the statement's snapshot, i.e. as claimed; claimed_at is only
-// evaluated then) and the time since. A row already there (attempts reset
-// by hand) is kept: the history never stops a settle. (No conflict target:
-// naming one needs SELECT on the history, which the worker does not have;
-// the primary key is the table's only unique index.)
-const recordAttemptSQL = `
-), claimed_at AS (
-    SELECT updated_at AS t FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2
+    SET expires_at = greatest(b.expires_at, now() + $11::bigint * interval '1 microsecond')
+    FROM (
+        SELECT l.tenant_id, l.event_identity
+        FROM (SELECT DISTINCT p.event_identity FROM pre p
+              WHERE p.outcome <> '` + string(SettleRetry) + `' OR p.last) e
+        CROSS JOIN LATERAL (
+            SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
+            WHERE l.tenant_id = $1 AND l.event_identity = e.event_identity
+            OFFSET 0 FOR UPDATE SKIP LOCKED) l
+    ) k
+    WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
+), m AS (
+    UPDATE outbox_messages o SET
+        (status, delivered_at, dead_at, next_attempt_at, last_error_code) = (
+            SELECT CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN 'delivered'
+                        WHEN p.outcome = '` + string(SettleDead) + `' OR p.last THEN 'dead' ELSE 'pending' END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN now() ELSE o.delivered_at END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN o.dead_at
+                        WHEN p.outcome = '` + string(SettleDead) + `' OR p.last THEN now() END,
+                   CASE WHEN p.outcome = '` + string(SettleRetry) + `' AND NOT p.last THEN p.next_at END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN '' ELSE p.code END
+            FROM pre p WHERE p.message_id = o.message_id),
+        lease_expires_at = NULL,
+        updated_at       = now()
+    WHERE o.tenant_id = $1 AND o.message_id = ANY (ARRAY(SELECT message_id FROM pre)) AND o.status = 'delivering'
+      AND o.attempts = (SELECT p.attempt FROM pre p WHERE p.message_id = o.message_id)
+    RETURNING o.message_id, o.endpoint_id, o.attempts, o.status, o.last_error_code
+), settled AS (
+    SELECT m.*, p.disable, p.ord, p.claimed_at, p.started_at, p.duration_ms, p.http_status
+    FROM m JOIN pre p USING (message_id)
+), e AS (
+    UPDATE endpoints SET state = 'disabled', disabled_reason = g.code, updated_at = now()
+    FROM (SELECT DISTINCT ON (d.endpoint_id) d.endpoint_id, d.last_error_code AS code FROM settled d
+          WHERE d.disable ORDER BY d.endpoint_id, d.ord) g
+    WHERE endpoints.tenant_id = $1 AND endpoints.endpoint_id = g.endpoint_id AND endpoints.state = 'active'
 ), attempt AS (
     INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
-    SELECT $1, m.message_id, m.attempts,
-           coalesce($4::timestamptz, (SELECT t FROM claimed_at)),
-           coalesce($5::bigint, greatest((extract(epoch FROM now() - (SELECT t FROM claimed_at)) * 1000)::bigint, 0)),
-           $6::smallint, nullif(m.last_error_code, ''),
-           CASE m.status WHEN 'pending' THEN '` + string(AttemptRetry) + `' ELSE m.status END
-    FROM m
+    SELECT $1, d.message_id, d.attempts, coalesce(d.started_at, d.claimed_at),
+           coalesce(d.duration_ms, greatest((extract(epoch FROM now() - d.claimed_at) * 1000)::bigint, 0)),
+           d.http_status, nullif(d.last_error_code, ''),
+           CASE d.status WHEN 'pending' THEN '` + string(AttemptRetry) + `' ELSE d.status END
+    FROM settled d
     ON CONFLICT DO NOTHING
 )
-SELECT count(*) FROM m`
-
-// markDeliveredSQL: $7 payload retention in microseconds (raiseExpiry).
-const markDeliveredSQL = `
-WITH expiry AS (` + raiseExpiry + `$7` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
-), m AS (
-    UPDATE outbox_messages SET status = 'delivered', delivered_at = now(), next_attempt_at = NULL,
-        lease_expires_at = NULL, last_error_code = '', updated_at = now()
-    WHERE ` + fence + `
-    RETURNING ` + settledColumns + recordAttemptSQL
-
-// markRetrySQL schedules the next attempt ($7), or makes the message dead
-// when the claimed attempt was its last; $9 payload retention.
-const markRetrySQL = `
-WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + ` AND attempts >= max_attempts` +
-	raiseExpiryEnd + `
-), m AS (
-    UPDATE outbox_messages SET
-        status           = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
-        next_attempt_at  = CASE WHEN attempts >= max_attempts THEN NULL ELSE $7::timestamptz END,
-        dead_at          = CASE WHEN attempts >= max_attempts THEN now() END,
-        lease_expires_at = NULL, last_error_code = $8, updated_at = now()
-    WHERE ` + fence + `
-    RETURNING ` + settledColumns + recordAttemptSQL
-
-// markDeadSQL kills the message with code $7 and, when $8 is set, disables
-// its endpoint in the same statement (a 410 Gone answer); $9 payload
-// retention.
-const markDeadSQL = `
-WITH expiry AS (` + raiseExpiry + `$9` + raiseExpiryOf + settledEnvelope + raiseExpiryEnd + `
-), m AS (
-    UPDATE outbox_messages SET status = 'dead', dead_at = now(), next_attempt_at = NULL,
-        lease_expires_at = NULL, last_error_code = $7, updated_at = now()
-    WHERE ` + fence + `
-    RETURNING endpoint_id, ` + settledColumns + `
-), e AS (
-    UPDATE endpoints SET state = 'disabled', disabled_reason = $7, updated_at = now()
-    FROM m
-    WHERE $8::boolean AND endpoints.tenant_id = $1 AND endpoints.endpoint_id = m.endpoint_id
-      AND endpoints.state = 'active'` + recordAttemptSQL
+SELECT ord FROM settled`
 
 const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2)`
 
@@ -328,14 +324,21 @@ func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) err
 	return newErr(op, ErrFenced)
 }
 
-// execSettle runs one settle statement (args after $3 as the statement
-// needs them) and maps "nothing matched" to ErrFenced or ErrNotFound.
-func (s *Store) execSettle(ctx context.Context, op, tenant, id, query string, args ...any) error {
-	var n int64
-	if err := s.sqlDB().QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+// settleOne is a single settle through settleSQL, answering as SettleBatch
+// does for one settlement but under op.
+func (s *Store) settleOne(ctx context.Context, op, tenant string, st Settlement) error {
+	applied, err := s.settleSet(ctx, tenant, []Settlement{st})
+	if err != nil {
 		return classify(ctx, op, err)
 	}
-	return s.settled(ctx, op, tenant, id, n)
+	return s.settled(ctx, op, tenant, st.MessageID, boolCount(applied[0]))
+}
+
+func boolCount(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // MarkDelivered settles a 2xx answer for the claimed attempt. ErrFenced when
@@ -346,7 +349,7 @@ func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt in
 	if !validSettle(tenant, id, attempt) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markDeliveredSQL, tenant, id, attempt, nil, nil, nil, s.retentionMicros())
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleDelivered})
 }
 
 // MarkRetry records a retryable failure (code: one of the Code* constants)
@@ -357,7 +360,7 @@ func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, n
 	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markRetrySQL, tenant, id, attempt, nil, nil, nil, next, code, s.retentionMicros())
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleRetry, Next: next, Code: code})
 }
 
 // MarkDead makes the message dead at once with code. With disableEndpoint
@@ -368,8 +371,8 @@ func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, co
 	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
 	}
-	return s.execSettle(ctx, op, tenant, id, markDeadSQL, tenant, id, attempt, nil, nil, nil, code, disableEndpoint,
-		s.retentionMicros())
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleDead, Code: code,
+		DisableEndpoint: disableEndpoint})
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.
@@ -586,18 +589,6 @@ type Settlement struct {
 	HTTPStatus      int // 0: no answer (timeout, connection failure, never sent)
 }
 
-// attemptArgs are $4..$6 of a settle statement (recordAttemptSQL).
-func (st Settlement) attemptArgs() []any {
-	var status any
-	if st.HTTPStatus != 0 {
-		status = st.HTTPStatus
-	}
-	if st.StartedAt.IsZero() {
-		return []any{nil, nil, status}
-	}
-	return []any{st.StartedAt, st.Duration.Milliseconds(), status}
-}
-
 // MaxSettleBatch bounds one SettleBatch.
 const MaxSettleBatch = 1000
 
@@ -617,15 +608,19 @@ func (st Settlement) valid() bool {
 	return false
 }
 
-// SettleBatch applies several settles of one tenant in one round trip and
-// one commit: each exactly as the single Mark* call, fenced on its own
-// attempt, and each recording its attempt row with the settlement's timing
-// and status (in the same statement as its update). The durable commit is what a
-// settle costs on most disks, so a worker that gathers the answers finishing at about the same time settles
-// many per commit. The result has one entry per settlement, in order: nil,
-// ErrFenced or ErrNotFound. The error is for the batch as a whole
-// (ErrInvalid for any malformed settlement, before any database work; or a
-// database failure, after which none of the batch is applied).
+// SettleBatch applies several settles of one tenant in one statement, one
+// round trip and one commit: each exactly as the single Mark* call, fenced
+// on its own attempt, and each recording its attempt row with the
+// settlement's timing and status. The durable commit is what a settle
+// costs on most disks, so a worker that gathers the answers finishing at
+// about the same time settles many per commit, and one statement a batch
+// keeps PostgreSQL's per-statement work out of the per-message cost. The
+// result has one entry per settlement, in order: nil, ErrFenced or
+// ErrNotFound; a settlement repeating an earlier one's message is answered
+// as it would be after that one (it no longer owns the message). The error
+// is for the batch as a whole (ErrInvalid for any malformed settlement,
+// before any database work; or a database failure, after which none of the
+// batch is applied).
 func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement) ([]error, error) {
 	const op = "settle batch"
 	if !validIdentity(tenant) || len(ss) > MaxSettleBatch {
@@ -639,39 +634,7 @@ func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement)
 	if len(ss) == 0 {
 		return nil, nil
 	}
-	b := &pgx.Batch{}
-	retention := s.retentionMicros()
-	for _, st := range ss {
-		args := append([]any{tenant, st.MessageID, st.Attempt}, st.attemptArgs()...)
-		switch st.Outcome {
-		case SettleDelivered:
-			b.Queue(markDeliveredSQL, append(args, retention)...)
-		case SettleRetry:
-			b.Queue(markRetrySQL, append(args, st.Next, st.Code, retention)...)
-		case SettleDead:
-			b.Queue(markDeadSQL, append(args, st.Code, st.DisableEndpoint, retention)...)
-		}
-	}
-	applied := make([]bool, len(ss))
-	err := s.withPgx(ctx, func(c *pgx.Conn) error {
-		br := c.SendBatch(ctx, b)
-		err := func() error {
-			for i := range ss {
-				var n int64
-				if err := br.QueryRow().Scan(&n); err != nil {
-					return err
-				}
-				applied[i] = n > 0
-			}
-			return nil
-		}()
-		// The implicit transaction commits at the pipeline's Sync, which
-		// Close waits for.
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
+	applied, err := s.settleSet(ctx, tenant, ss)
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
@@ -685,4 +648,74 @@ func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement)
 		}
 	}
 	return results, nil
+}
+
+// settleSet runs settleSQL over valid settlements and reports which of them
+// matched their fence. A message named again later in ss is sent once, at
+// its first settlement: after that one the message is no longer delivering
+// under the attempt, so the repeats match nothing, as they would in turn.
+func (s *Store) settleSet(ctx context.Context, tenant string, ss []Settlement) ([]bool, error) {
+	n := len(ss)
+	var (
+		ids      = make([]string, 0, n)
+		attempts = make([]int32, 0, n)
+		outcomes = make([]string, 0, n)
+		nexts    = make([]*time.Time, 0, n)
+		codes    = make([]string, 0, n)
+		disable  = make([]bool, 0, n)
+		started  = make([]*time.Time, 0, n)
+		duration = make([]*int64, 0, n)
+		statuses = make([]*int16, 0, n)
+		sent     = make([]int, 0, n) // index in ss of each element sent
+		seen     = make(map[string]bool, n)
+	)
+	for i, st := range ss {
+		if seen[st.MessageID] {
+			continue
+		}
+		seen[st.MessageID] = true
+		sent = append(sent, i)
+		ids = append(ids, st.MessageID)
+		attempts = append(attempts, int32(st.Attempt))
+		outcomes = append(outcomes, string(st.Outcome))
+		codes = append(codes, st.Code)
+		disable = append(disable, st.DisableEndpoint)
+		var next, start *time.Time
+		var ms *int64
+		var status *int16
+		if !st.Next.IsZero() {
+			next = &st.Next
+		}
+		if !st.StartedAt.IsZero() {
+			d := st.Duration.Milliseconds()
+			start, ms = &st.StartedAt, &d
+		}
+		if st.HTTPStatus != 0 {
+			v := int16(st.HTTPStatus)
+			status = &v
+		}
+		nexts, started, duration, statuses = append(nexts, next), append(started, start), append(duration, ms),
+			append(statuses, status)
+	}
+	applied := make([]bool, n)
+	err := s.withPgx(ctx, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, settleSQL, tenant, ids, attempts, outcomes, nexts, codes, disable, started, duration,
+			statuses, s.retentionMicros())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var ord int64
+			if err := rows.Scan(&ord); err != nil {
+				return err
+			}
+			applied[sent[ord-1]] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
 }

@@ -460,3 +460,111 @@ func TestLeaseExpiredOnLastAttemptGoesDead(t *testing.T) {
 		t.Fatalf("claim after replay: %+v", c)
 	}
 }
+
+// A set-based settle fences each row on its own: in one batch of live and
+// fenced settles (their leases expired and the messages were claimed again)
+// exactly the live ones change their message, write their attempt row and
+// raise their body's expiry; the fenced ones change nothing, not even the
+// endpoint a fenced 410 names. Sent again, the whole batch is fenced.
+func TestSettleBatchSettlesExactlyTheLiveRows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	ids := f.fanOut("t1", 1, 8)
+	if cs := f.claim("t1", 10); len(cs) != 8 {
+		t.Fatalf("claimed %d of 8", len(cs))
+	}
+	live, fenced := []string{ids[0], ids[2], ids[4], ids[6]}, []string{ids[1], ids[3], ids[5], ids[7]}
+	for _, id := range fenced {
+		f.expireLease("t1", id)
+	}
+	if cs := f.claim("t1", 10); len(cs) != 4 || cs[0].Attempt != 2 {
+		t.Fatalf("re-claim of the expired four: %+v", cs)
+	}
+	before := map[string]string{}
+	for _, id := range fenced {
+		before[id] = f.messageRow("t1", id)
+	}
+	started := time.Now().Add(-time.Second).UTC().Truncate(time.Microsecond)
+	later := time.Now().Add(time.Hour)
+	settle := func(id string, o store.SettleOutcome) store.Settlement {
+		st := store.Settlement{MessageID: id, Attempt: 1, Outcome: o, StartedAt: started, Duration: 5 * time.Millisecond,
+			HTTPStatus: 204}
+		switch o {
+		case store.SettleRetry:
+			st.Next, st.Code, st.HTTPStatus = later, store.CodeHTTP5xx, 503
+		case store.SettleDead:
+			st.Code, st.HTTPStatus = store.CodeHTTP4xx, 404
+		}
+		return st
+	}
+	gone := settle(fenced[1], store.SettleDead)
+	gone.Code, gone.HTTPStatus, gone.DisableEndpoint = store.CodeHTTP410, 410, true
+	batch := []store.Settlement{
+		settle(live[0], store.SettleDelivered), settle(fenced[0], store.SettleDelivered),
+		settle(live[1], store.SettleRetry), gone,
+		settle(live[2], store.SettleDead), settle(fenced[2], store.SettleRetry),
+		settle(live[3], store.SettleDelivered), settle(fenced[3], store.SettleDelivered),
+	}
+	rs, err := f.s.SettleBatch(ctx, "t1", batch)
+	if err != nil || len(rs) != len(batch) {
+		t.Fatalf("SettleBatch: %v, %v", rs, err)
+	}
+	for i, r := range rs {
+		if i%2 == 0 && r != nil {
+			t.Errorf("live settle %d: %v", i, r)
+		}
+		if i%2 == 1 && !errors.Is(r, store.ErrFenced) {
+			t.Errorf("fenced settle %d: %v, want ErrFenced", i, r)
+		}
+	}
+	for id, want := range map[string]struct {
+		status, code string
+		result       store.AttemptResult
+		expiry       bool
+	}{
+		live[0]: {store.StatusDelivered, "", store.AttemptDelivered, true},
+		live[1]: {store.StatusPending, store.CodeHTTP5xx, store.AttemptRetry, false},
+		live[2]: {store.StatusDead, store.CodeHTTP4xx, store.AttemptDead, true},
+		live[3]: {store.StatusDelivered, "", store.AttemptDelivered, true},
+	} {
+		m := f.status("t1", id)
+		if m.Status != want.status || m.LastErrorCode != want.code || m.Attempts != 1 {
+			t.Errorf("live %s: %+v, want %s %q", id, m, want.status, want.code)
+		}
+		if as := f.attempts("t1", id); len(as) != 1 || as[0].Attempt != 1 || as[0].Result != want.result ||
+			!as[0].StartedAt.Equal(started) || as[0].Duration != 5*time.Millisecond {
+			t.Errorf("live %s attempts: %+v, want one %s", id, as, want.result)
+		}
+		if at, ok := f.bodyExpiry("t1", id); !ok || (at != nil) != want.expiry {
+			t.Errorf("live %s body expiry %v (body there: %v), want set: %v", id, at, ok, want.expiry)
+		}
+	}
+	for _, id := range fenced {
+		if got := f.messageRow("t1", id); got != before[id] {
+			t.Errorf("fenced %s changed:\n%s\n%s", id, before[id], got)
+		}
+		if as := f.attempts("t1", id); len(as) != 1 || as[0].Result != store.AttemptLeaseExpired {
+			t.Errorf("fenced %s attempts: %+v, want only the expired lease", id, as)
+		}
+		if at, _ := f.bodyExpiry("t1", id); at != nil {
+			t.Errorf("fenced %s raised its body's expiry to %v", id, at)
+		}
+	}
+	if e, err := f.s.GetEndpoint(ctx, "t1", f.status("t1", fenced[1]).EndpointID); err != nil ||
+		e.State != store.EndpointActive {
+		t.Fatalf("a fenced 410 disabled the endpoint: %+v, %v", e, err)
+	}
+	history := f.count(`SELECT count(*) FROM outbox_attempts WHERE tenant_id = 't1'`)
+	rs, err = f.s.SettleBatch(ctx, "t1", batch)
+	if err != nil {
+		t.Fatalf("SettleBatch again: %v", err)
+	}
+	for i, r := range rs {
+		if !errors.Is(r, store.ErrFenced) {
+			t.Errorf("settle %d sent again: %v, want ErrFenced", i, r)
+		}
+	}
+	if n := f.count(`SELECT count(*) FROM outbox_attempts WHERE tenant_id = 't1'`); n != history {
+		t.Fatalf("a fenced batch wrote %d attempt rows", n-history)
+	}
+}

@@ -3,7 +3,7 @@ package store
 // Outbound retention (contract §8.9). An outbound envelope's identity
 // (outbound_envelopes) stays for good; its body (outbound_bodies, migration
 // 0008) expires OutboxPayloadRetention after the last of its messages became
-// delivered or dead. The settles raise the expiry (raiseExpirySQL), a replay
+// delivered or dead. The settles raise the expiry (settleSQL), a replay
 // clears it (replaySQL), the retention-janitor deletes expired bodies and
 // their messages' attempt rows here, and BackfillBodies moves the bodies
 // older releases wrote into the old column.

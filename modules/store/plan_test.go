@@ -98,7 +98,7 @@ var planCases = []planCase{
 	{name: "topicEndpoints", args: `ARRAY['t1'], ARRAY['p1'], ARRAY['task.proposals'], 64`,
 		scans: []planScan{{"endpoints", "endpoints_topic_idx", []string{"tenant_id", "project_id", "topic"}}}},
 	// A message's latest attempts, by the history's key (outbox_attempts.go).
-	// The history's inserts (claimSQL, recordAttemptSQL) read nothing of
+	// The history's inserts (claimSQL, settleSQL) read nothing of
 	// it: their ON CONFLICT has no target (the worker may not read the
 	// table), so there is no arbiter to check either.
 	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001', 100`,
@@ -112,15 +112,17 @@ var planCases = []planCase{
 		scans: []planScan{bodiesPkey, {"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}, endpointPkey, ownerPkey,
 			{"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id", "next_attempt_at"}}, messagePkey},
 		emptyTies: []string{"endpoint_id", "message_id"}},
-	// Settles and replay (outbox_delivery.go): each finds its message by key;
-	// settles raise the body's expiry by its key (§8.9), a replay clears it
-	// and looks for a body not moved yet by the old table's key.
-	{name: "markDelivered", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 200, 7776000000000`,
-		scans: []planScan{messagePkey, bodiesPkey}},
-	{name: "markRetry", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 503, now(), 'http_5xx', 7776000000000`,
-		scans: []planScan{messagePkey, bodiesPkey}},
-	{name: "markDead", args: `'t1', 'msg_' || lpad(to_hex(13), 24, '0'), 1, now(), 5, 404, 'http_4xx', true, 7776000000000`,
-		scans: []planScan{messagePkey, endpointPkey, bodiesPkey}, emptyTies: []string{"endpoint_id"}},
+	// Settles and replay (outbox_delivery.go). A settle batch finds its
+	// messages by key (= ANY of its ids), raises each settled body's expiry
+	// by the body's key (§8.9) and disables a 410's endpoint by its key; a
+	// batch of three (one of each outcome, the dead one a 410). A replay
+	// clears the body's expiry and looks for a body not moved yet by the old
+	// table's key.
+	{name: "settle", args: `'t1', ARRAY['msg_' || lpad(to_hex(13), 24, '0'), 'msg_' || lpad(to_hex(26), 24, '0'),
+		'msg_' || lpad(to_hex(39), 24, '0')], ARRAY[1, 1, 1], ARRAY['delivered', 'retry', 'dead'],
+		ARRAY[NULL, now(), NULL]::timestamptz[], ARRAY['', 'http_5xx', 'http_410'], ARRAY[false, false, true],
+		ARRAY[now(), now(), NULL]::timestamptz[], ARRAY[5, 7, NULL]::bigint[], ARRAY[200, 503, 410]::smallint[], 7776000000000`,
+		scans: []planScan{messagePkey, endpointPkey, bodiesPkey}, emptyTies: []string{"endpoint_id", "message_id"}},
 	{name: "replay", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0'), 'acct', 'dev', 'corr'`,
 		scans: []planScan{messagePkey, bodiesPkey, envelopesPkey}},
 	{name: "listDead", args: `'t1', 'p1', NULL, '', 101`,
