@@ -62,7 +62,7 @@ func runProducerChild() int {
 		return 1
 	}
 	p, err := producer.New(os.Getenv("CHILD_URL"), os.Getenv("CHILD_TOKEN"), signer,
-		producer.Stream{TenantID: crashTenant, ProjectID: crashProject, ProducerID: crashDevice},
+		producer.WithStream(producer.Stream{TenantID: crashTenant, ProjectID: crashProject, ProducerID: crashDevice}),
 		producer.WithStore(producer.NewFileStore(os.Getenv("CHILD_STATE"))),
 		producer.WithBackoff(10*time.Millisecond, 200*time.Millisecond), producer.WithDeadline(crashChildMax))
 	if err != nil {

@@ -57,11 +57,14 @@ func (c *cli) sendThroughProducer(ctx context.Context, path, base, token string,
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}
-	opts := []sdk.Option{sdk.WithStore(sdk.NewFileStore(stateFile)), sdk.WithDeadline(timeout), sdk.WithClock(c.Now)}
+	opts := []sdk.Option{
+		sdk.WithStream(sdk.Stream{TenantID: first.TenantID, ProjectID: first.ProjectID, ProducerID: first.ProducerID}),
+		sdk.WithStore(sdk.NewFileStore(stateFile)), sdk.WithDeadline(timeout), sdk.WithClock(c.Now),
+	}
 	if c.HTTPClient != nil {
 		opts = append(opts, sdk.WithHTTPClient(c.HTTPClient))
 	}
-	p, err := sdk.New(base, token, signer, sdk.Stream{TenantID: first.TenantID, ProjectID: first.ProjectID, ProducerID: first.ProducerID}, opts...)
+	p, err := sdk.New(base, token, signer, opts...)
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}
