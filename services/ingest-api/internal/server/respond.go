@@ -36,7 +36,7 @@ func (s *Server) writeAnswer(c echo.Context, a answer) {
 	a.CorrelationID = st.correlationID
 	st.outcome, st.reason = string(a.Outcome), string(a.Reason)
 	s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
-	writeJSON(c, statusOf(a.Reason), a)
+	writeJSON(c, a.Reason.Status(), a)
 }
 
 // writeRefusal answers a refusal with the contract's refusal body.
@@ -51,7 +51,7 @@ func (s *Server) writeRefusal(c echo.Context, status int, reason wire.Reason) {
 
 // refuse answers reason with its contract status.
 func (s *Server) refuse(c echo.Context, reason wire.Reason) error {
-	s.writeRefusal(c, statusOf(reason), reason)
+	s.writeRefusal(c, reason.Status(), reason)
 	return nil
 }
 
