@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 	"github.com/envelopeworker/envelopeworker/tools/internal/envctl"
 	"github.com/envelopeworker/envelopeworker/tools/internal/loadgen"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 	"go.uber.org/goleak"
 )
 
@@ -168,7 +168,7 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("credential issue: %+v", r)
 	}
-	if err := producer.WriteSecretFile(filepath.Join(dir, "token"), r.stdout); err != nil {
+	if err := access.WriteSecretFile(filepath.Join(dir, "token"), r.stdout); err != nil {
 		t.Fatal(err)
 	}
 	seed := filepath.Join(dir, "seed")
@@ -245,7 +245,7 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := producer.CheckURL(url, true)
+	u, err := access.CheckURL(url, true)
 	if err != nil {
 		t.Fatal(err)
 	}

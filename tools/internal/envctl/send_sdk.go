@@ -10,7 +10,6 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	sdk "github.com/envelopeworker/envelopeworker/modules/producer"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
 
 // sendResult is one line of `envctl send --state-file`.
@@ -33,13 +32,13 @@ func (c *cli) sendThroughProducer(ctx context.Context, path, base, token string,
 	now := c.Now()
 	var drafts []envelope.Draft
 	if batch {
-		ds, err := producer.ParseDraftBatch(data, now, false)
+		ds, err := parseDraftBatch(data, now, false)
 		if err != nil {
 			return c.usageError(path, "%v", err)
 		}
 		drafts = ds
 	} else {
-		d, err := producer.ParseDraft(data, now, false)
+		d, err := parseDraft(data, now, false)
 		if err != nil {
 			return c.usageError(path, "%v", err)
 		}

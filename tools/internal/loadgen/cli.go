@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Exit codes of Main: as envctl's.
@@ -180,7 +180,7 @@ func mainRun(ctx context.Context, args []string, env Env) int {
 	if done, code := parseFlags(fs, args, env); done {
 		return code
 	}
-	u, err := producer.CheckURL(*rawURL, true)
+	u, err := access.CheckURL(*rawURL, true)
 	if err != nil {
 		return usageErr(env, name, "%v", err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 	"go.uber.org/goleak"
 )
 
@@ -51,7 +51,7 @@ func TestSetup(t *testing.T) {
 		if id.TenantID != "lt" || id.AccountID != "la" || id.DeviceID != wantDevice || id.Role != "device" {
 			t.Errorf("identity %+v", id)
 		}
-		priv, err := producer.ParseSeed(p.Seed)
+		priv, err := access.ParseSeed(p.Seed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func TestSetup(t *testing.T) {
 
 func TestReadCredsRefusals(t *testing.T) {
 	dir := t.TempDir()
-	good := Producer{Device: "d1", KeyID: "d1", Token: "tok", Seed: producer.EncodeBase64URL(make([]byte, 32))}
+	good := Producer{Device: "d1", KeyID: "d1", Token: "tok", Seed: access.EncodeBase64URL(make([]byte, 32))}
 	cases := map[string]any{
 		"not json":     "{",
 		"no producers": Creds{Tenant: "t"},
@@ -176,7 +176,7 @@ func (d *ingestDouble) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, p := range d.creds.Producers {
 		if r.Header.Get("Authorization") == "Bearer "+p.Token {
 			device = p.Device
-			priv, _ := producer.ParseSeed(p.Seed)
+			priv, _ := access.ParseSeed(p.Seed)
 			pub = priv.Public().(ed25519.PublicKey)
 		}
 	}
@@ -245,7 +245,7 @@ func testCreds(n int) Creds {
 	for i := 1; i <= n; i++ {
 		seed := bytes.Repeat([]byte{byte(i)}, 32)
 		dev := fmt.Sprintf("dev-%d", i)
-		c.Producers = append(c.Producers, Producer{Device: dev, KeyID: dev, Token: "tok-" + dev, Seed: producer.EncodeBase64URL(seed)})
+		c.Producers = append(c.Producers, Producer{Device: dev, KeyID: dev, Token: "tok-" + dev, Seed: access.EncodeBase64URL(seed)})
 	}
 	return c
 }
@@ -254,7 +254,7 @@ func runAgainst(t *testing.T, d *ingestDouble, cfg Config) Report {
 	t.Helper()
 	srv := httptest.NewServer(d)
 	defer srv.Close()
-	u, err := producer.CheckURL(srv.URL, true)
+	u, err := access.CheckURL(srv.URL, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestRunInterrupted(t *testing.T) {
 	d := newIngestDouble(t, creds)
 	srv := httptest.NewServer(d)
 	defer srv.Close()
-	u, _ := producer.CheckURL(srv.URL, true)
+	u, _ := access.CheckURL(srv.URL, true)
 	plan, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 4, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -375,8 +375,8 @@ func TestRunInterrupted(t *testing.T) {
 
 func TestNewPlanRefusals(t *testing.T) {
 	creds := testCreds(2)
-	loop, _ := producer.CheckURL("http://127.0.0.1:1", true)
-	afar, _ := producer.CheckURL("https://ingest.example.com", false)
+	loop, _ := access.CheckURL("http://127.0.0.1:1", true)
+	afar, _ := access.CheckURL("https://ingest.example.com", false)
 	base := Config{URL: loop, Creds: creds, Producers: 2, Count: 10, Timeout: time.Second}
 	cases := map[string]func(c *Config){
 		"no url":            func(c *Config) { c.URL = nil },
@@ -531,7 +531,7 @@ func TestTallyRecordOutbox(t *testing.T) {
 func TestNewOutboxPlan(t *testing.T) {
 	creds := Creds{Tenant: "lt", Account: "la", Outbox: true, Project: "lp", Topic: "lg.topic",
 		Producers: []Producer{{Device: "svc-1", Token: "tok-1"}, {Device: "svc-2", Token: "tok-2"}}}
-	u, _ := producer.CheckURL("http://127.0.0.1:1", true)
+	u, _ := access.CheckURL("http://127.0.0.1:1", true)
 	for _, batch := range []int{0, 3} {
 		p, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 7, Batch: batch, Timeout: time.Second, SameCredential: true})
 		if err != nil {

@@ -22,12 +22,12 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Config describes one run.
 type Config struct {
-	URL       *url.URL // from producer.CheckURL(raw, true)
+	URL       *url.URL // from access.CheckURL(raw, true)
 	Creds     Creds
 	Producers int // concurrent producers, at most len(Creds.Producers)
 	Count     int // envelopes in all, split evenly over the producers
@@ -72,7 +72,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 	if cfg.URL == nil {
 		return nil, errors.New("no URL")
 	}
-	if !producer.IsLoopbackHost(cfg.URL.Hostname()) {
+	if !access.IsLoopbackHost(cfg.URL.Hostname()) {
 		return nil, fmt.Errorf("url %s: only loopback hosts are allowed", redact.URL(cfg.URL.String()))
 	}
 	switch {
@@ -113,9 +113,9 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		cfg.Project = "lg-" + hex.EncodeToString(b[:])
 	}
-	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/envelopes"}
+	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: wire.RouteEnvelopes}
 	if cfg.Batch > 0 {
-		p.route = "/v1/envelopes/batch"
+		p.route = wire.RouteBatch
 	}
 	p.clients = make([]string, cfg.Producers)
 	issued := cfg.Now().UTC().Truncate(time.Millisecond)
@@ -138,7 +138,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 			return nil, fmt.Errorf("producer %s: token is empty or holds spaces or control characters", pr.Device)
 		}
 		p.clients[i] = pr.Token
-		priv, err := producer.ParseSeed(pr.Seed)
+		priv, err := access.ParseSeed(pr.Seed)
 		if err != nil {
 			return nil, fmt.Errorf("producer %s: %w", pr.Device, err)
 		}
@@ -187,9 +187,9 @@ func NewPlan(cfg Config) (*Plan, error) {
 // newOutboxPlan builds the outbox requests: nothing to sign (ingest-api signs), one idempotency key per
 // message, unique to the run.
 func newOutboxPlan(cfg Config) (*Plan, error) {
-	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/outbox", outbox: true}
+	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: wire.RouteOutbox, outbox: true}
 	if cfg.Batch > 0 {
-		p.route = "/v1/outbox/batch"
+		p.route = wire.RouteOutboxBatch
 	}
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
