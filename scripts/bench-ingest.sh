@@ -9,6 +9,8 @@
 #   BENCH_SINGLE_COUNT=200000 BENCH_BATCH_COUNT=400000   envelopes signed ahead per run (memory bound)
 #   BENCH_KEEP_DB=1          keep the envelopeworker_bench database afterwards (dropped by default)
 #   BENCH_PAYLOAD_BYTES=600  padding per payload: about 1 KiB signed envelopes, like the pgbench script's rows
+#   BENCH_SDK=1              after each load generator run, the same run through the producer module
+#                            (loadgen-ingest run --sdk: in-memory store, signing inside the clock)
 #
 # It ensures PostgreSQL (scripts/pg.sh), makes a fresh database envelopeworker_bench, migrates it, builds
 # and starts ingest-api on a free loopback port with limiters opened wide (this measures ingest, not the
@@ -89,7 +91,7 @@ settle() {
 }
 
 rows=()
-row() { rows+=("$(printf '%-28s %9s %13s %9s %9s %9s' "$@")"); }
+row() { rows+=("$(printf '%-32s %9s %13s %9s %9s %9s' "$@")"); }
 row "what" "producers" "envelopes/s" "p50 ms" "p99 ms" "p99.9 ms"
 
 # pgbench: the store engineer's script performs the store's ingest statements, one envelope per
@@ -130,17 +132,27 @@ for mode in single batch; do
 			what="ingest-api batch of $batch"
 		fi
 		[ "$count" -ge "$p" ] || count=$p
-		settle
-		log "$what, $p producer(s), up to ${seconds}s or $count envelopes"
-		out=$("$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds.json" --producers "$p" \
-			--count "$count" --duration "${seconds}s" --payload-bytes "$payload" --json "${args[@]}") || status=1
-		row "$what" "$p" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
-			"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")"
-		if [ "$mode" = single ] && [ "$p" = 16 ]; then single16=$(field "$out" envelopes_per_second); fi
-		if [ "$(field "$out" transport_errors)" != 0 ] || printf '%s' "$out" | grep -q '"refused":{"'; then
-			log "not every envelope was accepted: $out"
-			status=1
-		fi
+		variants=(raw)
+		[ "${BENCH_SDK:-0}" = 1 ] && variants+=(sdk)
+		for variant in "${variants[@]}"; do
+			extra=()
+			label=$what
+			if [ "$variant" = sdk ]; then
+				extra=(--sdk)
+				label="$what (SDK)"
+			fi
+			settle
+			log "$label, $p producer(s), up to ${seconds}s or $count envelopes"
+			out=$("$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds.json" --producers "$p" \
+				--count "$count" --duration "${seconds}s" --payload-bytes "$payload" --json "${args[@]}" "${extra[@]}") || status=1
+			row "$label" "$p" "$(printf '%.0f' "$(field "$out" envelopes_per_second)")" \
+				"$(ms "$(field "$out" p50_ns)")" "$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")"
+			if [ "$variant" = raw ] && [ "$mode" = single ] && [ "$p" = 16 ]; then single16=$(field "$out" envelopes_per_second); fi
+			if [ "$(field "$out" transport_errors)" != 0 ] || printf '%s' "$out" | grep -q '"refused":{"'; then
+				log "not every envelope was accepted: $out"
+				status=1
+			fi
+		done
 	done
 done
 

@@ -59,7 +59,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	p, err := producer.New(srv.URL, "token-from-envctl-credential-issue", signer,
-		producer.Stream{TenantID: "tenant-a", ProjectID: "proj-1", ProducerID: "device-7"},
+		producer.WithStream(producer.Stream{TenantID: "tenant-a", ProjectID: "proj-1", ProducerID: "device-7"}),
 		producer.WithStore(producer.NewFileStore(filepath.Join(dir, "proj-1.json"))))
 	if err != nil {
 		log.Fatal(err)
@@ -83,7 +83,7 @@ func ExampleProducer_SendBatch() {
 	defer srv.Close()
 	signer, _ := envelope.NewSigner("k1", ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize)))
 	p, _ := producer.New(srv.URL, "token", signer,
-		producer.Stream{TenantID: "tenant-a", ProjectID: "proj-1", ProducerID: "device-7"},
+		producer.WithStream(producer.Stream{TenantID: "tenant-a", ProjectID: "proj-1", ProducerID: "device-7"}),
 		producer.WithStore(&producer.MemoryStore{}))
 	if _, err := p.Resume(context.Background()); err != nil {
 		log.Fatal(err)

@@ -56,7 +56,7 @@ func FuzzAnswers(f *testing.F) {
 		}
 		ct := &cannedTransport{status: status, body: body}
 		store := &MemoryStore{}
-		p, err := New("http://127.0.0.1:1", "tok", testSigner(t), testStream, WithStore(store),
+		p, err := New("http://127.0.0.1:1", "tok", testSigner(t), WithStream(testStream), WithStore(store),
 			WithHTTPClient(&http.Client{Transport: ct}), WithBackoff(time.Microsecond, time.Microsecond), WithDeadline(2*time.Second))
 		if err != nil {
 			t.Fatal(err)

@@ -78,6 +78,7 @@ func (e *RefusalError) Error() string {
 type Option func(*config)
 
 type config struct {
+	stream                 Stream
 	store                  SequenceStore
 	client                 *http.Client
 	deadline               time.Duration
@@ -85,8 +86,15 @@ type config struct {
 	now                    func() time.Time
 }
 
+// WithStream sets the stream the producer writes (required: the tenant
+// cannot be learned from an opaque credential, and a guessed project or
+// producer id would be refused only after the first send).
+func WithStream(s Stream) Option { return func(c *config) { c.stream = s } }
+
 // WithStore sets where sequences and unacknowledged envelopes live
-// (required; NewFileStore for anything that may crash).
+// (required: NewFileStore on a device; a MemoryStore forgets, after a
+// crash, envelopes the service may hold, and is only for producers that
+// never restart, such as load generators).
 func WithStore(s SequenceStore) Option { return func(c *config) { c.store = s } }
 
 // WithHTTPClient sets the client for each attempt (its Timeout bounds one
@@ -115,7 +123,6 @@ type Producer struct {
 	base       string
 	credential string
 	signer     *envelope.Signer
-	stream     Stream
 	cfg        config
 	http       *retryablehttp.Client
 
@@ -127,8 +134,9 @@ type Producer struct {
 
 // New checks its arguments and makes a Producer; it does no I/O. baseURL is
 // the service's root (https, or http to a loopback host only: the
-// credential must not cross a network in clear text).
-func New(baseURL, credential string, signer *envelope.Signer, stream Stream, opts ...Option) (*Producer, error) {
+// credential must not cross a network in clear text). WithStream and
+// WithStore are required.
+func New(baseURL, credential string, signer *envelope.Signer, opts ...Option) (*Producer, error) {
 	base, err := checkBaseURL(baseURL)
 	if err != nil {
 		return nil, err
@@ -139,14 +147,17 @@ func New(baseURL, credential string, signer *envelope.Signer, stream Stream, opt
 	if signer == nil {
 		return nil, errors.New("producer: no signer")
 	}
-	for _, id := range []string{stream.TenantID, stream.ProjectID, stream.ProducerID} {
-		if !envelope.ValidIdentity(id) {
-			return nil, errors.New("producer: stream tenant, project and producer ids must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-		}
-	}
 	cfg := config{deadline: time.Minute, backoffMin: 250 * time.Millisecond, backoffMax: 15 * time.Second, now: time.Now}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.stream == (Stream{}) {
+		return nil, errors.New("producer: no stream: pass WithStream(Stream{TenantID, ProjectID, ProducerID})")
+	}
+	for _, id := range []string{cfg.stream.TenantID, cfg.stream.ProjectID, cfg.stream.ProducerID} {
+		if !envelope.ValidIdentity(id) {
+			return nil, errors.New("producer: stream tenant, project and producer ids must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+		}
 	}
 	if cfg.store == nil {
 		return nil, errors.New("producer: no SequenceStore: pass WithStore(NewFileStore(path))")
@@ -160,7 +171,7 @@ func New(baseURL, credential string, signer *envelope.Signer, stream Stream, opt
 		hc = &c
 	}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	p := &Producer{base: base, credential: credential, signer: signer, stream: stream, cfg: cfg}
+	p := &Producer{base: base, credential: credential, signer: signer, cfg: cfg}
 	p.http = &retryablehttp.Client{
 		HTTPClient:   hc,
 		Logger:       nil, // its messages carry URLs and errors; the caller decides what to log
@@ -348,7 +359,7 @@ func (p *Producer) sign(ev Event, seq int64, now time.Time) ([]byte, error) {
 		key = ev.EventID
 	}
 	env, err := p.signer.Sign(envelope.Draft{
-		TenantID: p.stream.TenantID, ProjectID: p.stream.ProjectID, ProducerID: p.stream.ProducerID,
+		TenantID: p.cfg.stream.TenantID, ProjectID: p.cfg.stream.ProjectID, ProducerID: p.cfg.stream.ProducerID,
 		EventID: ev.EventID, IdempotencyKey: key, Sequence: seq,
 		IssuedAt: issued, Metadata: ev.Metadata, Payload: ev.Payload,
 	})

@@ -28,8 +28,8 @@ func testSigner(t testing.TB) *envelope.Signer {
 
 func newTestProducer(t testing.TB, url string, store SequenceStore, opts ...Option) *Producer {
 	t.Helper()
-	opts = append([]Option{WithStore(store), WithBackoff(time.Millisecond, 5*time.Millisecond), WithDeadline(5 * time.Second)}, opts...)
-	p, err := New(url, "tok", testSigner(t), testStream, opts...)
+	opts = append([]Option{WithStream(testStream), WithStore(store), WithBackoff(time.Millisecond, 5*time.Millisecond), WithDeadline(5 * time.Second)}, opts...)
+	p, err := New(url, "tok", testSigner(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestSendBatchResendsItemsTheLimiterDidNotProcess(t *testing.T) {
 
 func TestWholeBatchRefusalAppliesToEveryItem(t *testing.T) {
 	_, srv := newFakeService(t, testSigner(t).PublicKey())
-	p, err := New(srv.URL, "wrong", testSigner(t), testStream, WithStore(&MemoryStore{}))
+	p, err := New(srv.URL, "wrong", testSigner(t), WithStream(testStream), WithStore(&MemoryStore{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,23 +303,42 @@ func TestNewRefusesBadArguments(t *testing.T) {
 	s := testSigner(t)
 	store := WithStore(&MemoryStore{})
 	cases := map[string]func() error{
-		"http to a remote host": func() error { _, err := New("http://ingest.example.com", "tok", s, testStream, store); return err },
-		"user info":             func() error { _, err := New("https://u:p@ingest.example.com", "tok", s, testStream, store); return err },
+		"http to a remote host": func() error {
+			_, err := New("http://ingest.example.com", "tok", s, WithStream(testStream), store)
+			return err
+		},
+		"user info": func() error {
+			_, err := New("https://u:p@ingest.example.com", "tok", s, WithStream(testStream), store)
+			return err
+		},
 		"query": func() error {
-			_, err := New("https://ingest.example.com/?a=b", "tok", s, testStream, store)
+			_, err := New("https://ingest.example.com/?a=b", "tok", s, WithStream(testStream), store)
 			return err
 		},
-		"no scheme":             func() error { _, err := New("ingest.example.com", "tok", s, testStream, store); return err },
-		"empty credential":      func() error { _, err := New("https://ingest.example.com", "", s, testStream, store); return err },
-		"credential with space": func() error { _, err := New("https://ingest.example.com", "a b", s, testStream, store); return err },
-		"no signer":             func() error { _, err := New("https://ingest.example.com", "tok", nil, testStream, store); return err },
+		"no scheme": func() error { _, err := New("ingest.example.com", "tok", s, WithStream(testStream), store); return err },
+		"empty credential": func() error {
+			_, err := New("https://ingest.example.com", "", s, WithStream(testStream), store)
+			return err
+		},
+		"credential with space": func() error {
+			_, err := New("https://ingest.example.com", "a b", s, WithStream(testStream), store)
+			return err
+		},
+		"no signer": func() error {
+			_, err := New("https://ingest.example.com", "tok", nil, WithStream(testStream), store)
+			return err
+		},
 		"bad stream": func() error {
-			_, err := New("https://ingest.example.com", "tok", s, Stream{"t", "p", "-x"}, store)
+			_, err := New("https://ingest.example.com", "tok", s, WithStream(Stream{"t", "p", "-x"}), store)
 			return err
 		},
-		"no store": func() error { _, err := New("https://ingest.example.com", "tok", s, testStream); return err },
+		"no stream": func() error { _, err := New("https://ingest.example.com", "tok", s, store); return err },
+		"no store": func() error {
+			_, err := New("https://ingest.example.com", "tok", s, WithStream(testStream))
+			return err
+		},
 		"bad deadline": func() error {
-			_, err := New("https://ingest.example.com", "tok", s, testStream, store, WithDeadline(0))
+			_, err := New("https://ingest.example.com", "tok", s, WithStream(testStream), store, WithDeadline(0))
 			return err
 		},
 	}
@@ -330,7 +349,7 @@ func TestNewRefusesBadArguments(t *testing.T) {
 			t.Errorf("%s: error echoes the URL's user info", name)
 		}
 	}
-	if _, err := New("http://127.0.0.1:8080/", "tok", s, testStream, store); err != nil {
+	if _, err := New("http://127.0.0.1:8080/", "tok", s, WithStream(testStream), store); err != nil {
 		t.Errorf("loopback http refused: %v", err)
 	}
 }

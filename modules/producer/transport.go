@@ -145,7 +145,7 @@ func consistent(a wire.Answer, status int) bool {
 // readStream reads the stream's cursor and replay floor.
 func (p *Producer) readStream(ctx context.Context) (wire.StreamState, error) {
 	var ss wire.StreamState
-	status, raw, err := p.do(ctx, http.MethodGet, wire.StreamPath(p.stream.ProjectID, p.stream.ProducerID), nil)
+	status, raw, err := p.do(ctx, http.MethodGet, wire.StreamPath(p.cfg.stream.ProjectID, p.cfg.stream.ProducerID), nil)
 	if err != nil {
 		return ss, fmt.Errorf("producer: read stream: %w", err)
 	}

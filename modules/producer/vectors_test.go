@@ -62,7 +62,7 @@ func TestProducerEnvelopesMatchTheSharedVectors(t *testing.T) {
 		svc, srv := newFakeService(t, signer.PublicKey())
 		store := &MemoryStore{}
 		store.Save(context.Background(), State{Last: e.Sequence - 1})
-		p, err := New(srv.URL, "tok", signer, Stream{e.TenantID, e.ProjectID, e.ProducerID},
+		p, err := New(srv.URL, "tok", signer, WithStream(Stream{e.TenantID, e.ProjectID, e.ProducerID}),
 			WithStore(store), WithClock(func() time.Time { return e.IssuedAt.Add(time.Minute) }))
 		if err != nil {
 			t.Fatal(err)

@@ -1,7 +1,9 @@
-// Package wire holds the request and answer types of the inbound routes of
-// controlplane/v1 (contract §2, §7, §8.2, §8.11): the one definition that
-// ingest-api writes and producers read. It has no dependencies, so the
-// service can import it without the producer's HTTP client.
+// Package wire holds the request and answer types of the HTTP API of
+// controlplane/v1: the inbound routes (contract §2, §7, §8.2, §8.11), stream
+// reads, the outbox and dead letters (§4, §8.5, §8.8, §8.9). It is the one
+// definition that ingest-api writes and producers, envctl and the tools
+// read. It has no dependencies, so the service can import it without the
+// producer's HTTP client.
 package wire
 
 import (
@@ -71,8 +73,8 @@ const (
 	ReasonMethodNotAllowed       Reason = "method_not_allowed"
 )
 
-// Status is the HTTP status the contract gives reason on the inbound
-// routes; the empty reason (accepted, duplicate) is 200. An unknown reason
+// Status is the HTTP status the contract gives reason (§2, §4, §7, §8);
+// the empty reason (accepted, duplicate) is 200. An unknown reason
 // is 500: a programming error must not be guessed into a refusal.
 func (r Reason) Status() int {
 	switch r {
@@ -87,8 +89,10 @@ func (r Reason) Status() int {
 		return http.StatusForbidden
 	case ReasonEventConflict, ReasonSequenceConflict, ReasonBelowReplayFloor, ReasonSequenceTooFarAhead:
 		return http.StatusConflict
-	case ReasonIdempotencyConflict:
+	case ReasonIdempotencyConflict, ReasonNoSigningKey, ReasonNoEndpoint:
 		return http.StatusUnprocessableEntity
+	case ReasonNotDead, ReasonPayloadExpired:
+		return http.StatusConflict
 	case ReasonBodyTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case ReasonRateLimited:

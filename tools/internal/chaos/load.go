@@ -15,7 +15,8 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // SentEnvelope is one envelope a client signed and sent, and what the service told it.
@@ -59,8 +60,8 @@ type Ledger struct {
 
 // check5xx remembers a 5xx answer that does not say unavailable.
 func (l *Ledger) check5xx(route string, status int, body []byte) {
-	var a answerBody
-	if err := json.Unmarshal(body, &a); err == nil && a.Outcome == "refused" && a.Reason == "unavailable" {
+	var a wire.Answer
+	if err := json.Unmarshal(body, &a); err == nil && a.Outcome == wire.OutcomeRefused && a.Reason == wire.ReasonUnavailable {
 		return
 	}
 	l.mu.Lock()
@@ -102,14 +103,10 @@ func (l *Ledger) StatusSummary() string {
 	return b.String()
 }
 
-// answerBody is the subset of an ingest answer the clients read.
+// answerBody reads both ingest routes' answers: a single answer, or a batch's results.
 type answerBody struct {
-	Outcome       string       `json:"outcome"`
-	Reason        string       `json:"reason"`
-	EventIdentity string       `json:"event_identity"`
-	Cursor        *int64       `json:"cursor"`
-	Status        int          `json:"status"`
-	Results       []answerBody `json:"results"`
+	wire.BatchResult
+	Results []wire.BatchResult `json:"results"`
 }
 
 // loadConfig is one scenario's traffic.
@@ -222,15 +219,15 @@ func (l *load) sign(p ProducerCred, seq int64) (*SentEnvelope, error) {
 		EventIdentity: e.EventIdentity(), ContentDigest: e.ContentDigest(), Canonical: e.Canonical()}, nil
 }
 
-func (l *load) record(s *SentEnvelope, a answerBody, status int) {
+func (l *load) record(s *SentEnvelope, a wire.BatchResult, status int) {
 	l.ledger.mu.Lock()
 	defer l.ledger.mu.Unlock()
 	switch {
-	case status == http.StatusOK && (a.Outcome == "accepted" || a.Outcome == "duplicate"):
-		if s.Acks > 0 && a.Outcome == "accepted" {
+	case status == http.StatusOK && (a.Outcome == wire.OutcomeAccepted || a.Outcome == wire.OutcomeDuplicate):
+		if s.Acks > 0 && a.Outcome == wire.OutcomeAccepted {
 			s.Twice = true
 		}
-		s.Outcome = a.Outcome
+		s.Outcome = string(a.Outcome)
 		s.Acks++
 		if a.Cursor != nil && *a.Cursor > s.MaxCursor {
 			s.MaxCursor = *a.Cursor
@@ -238,7 +235,7 @@ func (l *load) record(s *SentEnvelope, a answerBody, status int) {
 	case status >= 500 || status == 0:
 		s.Failures++
 	default:
-		s.Outcome = "refused:" + strconv.Itoa(status) + ":" + a.Reason
+		s.Outcome = "refused:" + strconv.Itoa(status) + ":" + string(a.Reason)
 	}
 }
 
@@ -278,10 +275,10 @@ func (l *load) produce(stop, drain context.Context, p ProducerCred, rate float64
 
 // send posts group (one envelope, or a batch) until every item has a definitive answer or ctx ends.
 func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, batch bool) {
-	route, name := "/v1/envelopes", "ingest"
+	route, name := wire.RouteEnvelopes, "ingest"
 	var body []byte
 	if batch {
-		route, name = "/v1/envelopes/batch", "batch"
+		route, name = wire.RouteBatch, "batch"
 		var b bytes.Buffer
 		b.WriteString(`{"envelopes":[`)
 		for i, s := range group {
@@ -297,7 +294,7 @@ func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, 
 	}
 	for try := 0; ctx.Err() == nil; try++ {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ans, err := producer.Post(rctx, l.client, l.url(route), p.Token, body, nil)
+		ans, err := access.Post(rctx, l.client, l.url(route), p.Token, body, nil)
 		cancel()
 		if ctx.Err() != nil {
 			return // the run is over; an answer cut short by it says nothing
@@ -308,7 +305,7 @@ func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, 
 		}
 		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
 			for _, s := range group {
-				l.record(s, answerBody{}, 0)
+				l.record(s, wire.BatchResult{}, 0)
 			}
 			if !backoff(ctx, try) {
 				return
@@ -317,15 +314,15 @@ func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, 
 		}
 		var a answerBody
 		if jerr := json.Unmarshal(ans.Body, &a); jerr != nil {
-			a = answerBody{Outcome: "refused", Reason: "unreadable_answer"}
+			a.Outcome, a.Reason = wire.OutcomeRefused, "unreadable_answer"
 		}
 		if !batch {
-			l.record(group[0], a, ans.Status)
+			l.record(group[0], a.BatchResult, ans.Status)
 			return
 		}
 		if ans.Status != http.StatusOK || len(a.Results) != len(group) {
 			for _, s := range group {
-				l.record(s, a, max(ans.Status, 400))
+				l.record(s, a.BatchResult, max(ans.Status, 400))
 			}
 			return
 		}
@@ -334,12 +331,6 @@ func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, 
 		}
 		return
 	}
-}
-
-type outboxAnswer struct {
-	Envelope   json.RawMessage `json:"envelope"`
-	MessageIDs []string        `json:"message_ids"`
-	Reason     string          `json:"reason"`
 }
 
 func (l *load) outboxBody(key string, n int) []byte {
@@ -394,7 +385,7 @@ func (l *load) enqueueBatches(stop, drain context.Context, client int, rate floa
 func (l *load) postOutboxBatch(ctx context.Context, sent []*SentOutbox, body []byte) {
 	for try := 0; ctx.Err() == nil; try++ {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ans, err := producer.Post(rctx, l.client, l.url("/v1/outbox/batch"), l.cfg.Service, body, nil)
+		ans, err := access.Post(rctx, l.client, l.url(wire.RouteOutboxBatch), l.cfg.Service, body, nil)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -403,12 +394,7 @@ func (l *load) postOutboxBatch(ctx context.Context, sent []*SentOutbox, body []b
 		if err == nil && ans.Status >= 500 {
 			l.ledger.check5xx("outbox-batch", ans.Status, ans.Body)
 		}
-		var a struct {
-			Results []struct {
-				outboxAnswer
-				Status int `json:"status"`
-			} `json:"results"`
-		}
+		var a wire.EnqueueBatchAnswer
 		if err == nil && ans.Status == http.StatusOK {
 			_ = json.Unmarshal(ans.Body, &a)
 		}
@@ -434,17 +420,17 @@ func (l *load) postOutboxBatch(ctx context.Context, sent []*SentOutbox, body []b
 		}
 		defer l.ledger.mu.Unlock()
 		if ans.Status != http.StatusOK {
-			var ref outboxAnswer
+			var ref wire.Answer
 			_ = json.Unmarshal(ans.Body, &ref)
 			for _, o := range sent {
-				o.Refusal = strconv.Itoa(ans.Status) + ":" + ref.Reason
+				o.Refusal = strconv.Itoa(ans.Status) + ":" + string(ref.Reason)
 			}
 			return
 		}
 		for i, r := range a.Results {
 			o := sent[i]
 			if r.Status != http.StatusOK && r.Status != http.StatusCreated {
-				o.Refusal = strconv.Itoa(r.Status) + ":" + r.Reason
+				o.Refusal = strconv.Itoa(r.Status) + ":" + string(r.Reason)
 				continue
 			}
 			if o.Answers == 0 {
@@ -461,7 +447,7 @@ func (l *load) postOutboxBatch(ctx context.Context, sent []*SentOutbox, body []b
 func (l *load) postOutbox(ctx context.Context, o *SentOutbox, body []byte) {
 	for try := 0; ctx.Err() == nil; try++ {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ans, err := producer.Post(rctx, l.client, l.url("/v1/outbox"), l.cfg.Service, body, nil)
+		ans, err := access.Post(rctx, l.client, l.url(wire.RouteOutbox), l.cfg.Service, body, nil)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -479,12 +465,12 @@ func (l *load) postOutbox(ctx context.Context, o *SentOutbox, body []byte) {
 			}
 			continue
 		}
-		var a outboxAnswer
+		var a wire.EnqueueResult
 		_ = json.Unmarshal(ans.Body, &a)
 		l.ledger.mu.Lock()
 		defer l.ledger.mu.Unlock()
 		if ans.Status != http.StatusOK && ans.Status != http.StatusCreated {
-			o.Refusal = strconv.Itoa(ans.Status) + ":" + a.Reason
+			o.Refusal = strconv.Itoa(ans.Status) + ":" + string(a.Reason)
 			return
 		}
 		if o.Answers == 0 {

@@ -23,7 +23,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Scenario is one run: steady load while faults of Faults are injected, in turn (or, when Mixed, at
@@ -196,7 +196,7 @@ func prepare(ctx context.Context, dsn, dir, sinkURL string, sinkSecret []byte, p
 	if err != nil {
 		return su, fmt.Errorf("secrets: %w", err)
 	}
-	keys, err := json.Marshal(map[string]any{tenant: map[string]string{"key_id": "out-1", "seed": producer.EncodeBase64URL(seed)}})
+	keys, err := json.Marshal(map[string]any{tenant: map[string]string{"key_id": "out-1", "seed": access.EncodeBase64URL(seed)}})
 	if err != nil {
 		return su, fmt.Errorf("keys: %w", err)
 	}

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 	"github.com/envelopeworker/envelopeworker/tools/internal/envctl"
 	"github.com/envelopeworker/envelopeworker/tools/internal/loadgen"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 	"go.uber.org/goleak"
 )
 
@@ -168,7 +168,7 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("credential issue: %+v", r)
 	}
-	if err := producer.WriteSecretFile(filepath.Join(dir, "token"), r.stdout); err != nil {
+	if err := access.WriteSecretFile(filepath.Join(dir, "token"), r.stdout); err != nil {
 		t.Fatal(err)
 	}
 	seed := filepath.Join(dir, "seed")
@@ -245,12 +245,17 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := producer.CheckURL(url, true)
+	u, err := access.CheckURL(url, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []int{0, 25} {
-		plan, err := loadgen.NewPlan(loadgen.Config{URL: u, Creds: creds, Producers: 4, Count: 202, Batch: b, Timeout: 30 * time.Second})
+	// Raw (pre-signed) and through the producer module (--sdk), on both routes.
+	for _, run := range []struct {
+		b   int
+		sdk bool
+	}{{0, false}, {25, false}, {0, true}, {25, true}} {
+		b := run.b
+		plan, err := loadgen.NewPlan(loadgen.Config{URL: u, Creds: creds, Producers: 4, Count: 202, Batch: b, Timeout: 30 * time.Second, SDK: run.sdk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +264,7 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !rep.OK() || rep.Accepted != 202 {
-			t.Fatalf("loadgen batch=%d: %s", b, rep)
+			t.Fatalf("loadgen batch=%d sdk=%v: %s", b, run.sdk, rep)
 		}
 		// The streams are complete: every producer's cursor is at its last sequence (51, 51, 50, 50).
 		for i, want := range []int64{51, 51, 50, 50} {

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // lockedBuffer collects a child process's output while the test reads it.
@@ -223,7 +223,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 		return strings.TrimSpace(r.stdout)
 	}
 	device, svc, ops := issue("device-1", "device"), issue("svc-1", "service"), issue("ops-1", "operator")
-	if err := producer.WriteSecretFile(filepath.Join(dir, "token"), device+"\n"); err != nil {
+	if err := access.WriteSecretFile(filepath.Join(dir, "token"), device+"\n"); err != nil {
 		t.Fatal(err)
 	}
 	seedFile := filepath.Join(dir, "seed")

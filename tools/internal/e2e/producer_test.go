@@ -23,6 +23,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/producer"
+	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -62,7 +63,7 @@ func runProducerChild() int {
 		return 1
 	}
 	p, err := producer.New(os.Getenv("CHILD_URL"), os.Getenv("CHILD_TOKEN"), signer,
-		producer.Stream{TenantID: crashTenant, ProjectID: crashProject, ProducerID: crashDevice},
+		producer.WithStream(producer.Stream{TenantID: os.Getenv("CHILD_TENANT"), ProjectID: crashProject, ProducerID: crashDevice}),
 		producer.WithStore(producer.NewFileStore(os.Getenv("CHILD_STATE"))),
 		producer.WithBackoff(10*time.Millisecond, 200*time.Millisecond), producer.WithDeadline(crashChildMax))
 	if err != nil {
@@ -108,7 +109,20 @@ func TestProducerKilledBetweenSendAndAnswer(t *testing.T) {
 	ingest := startIngest(t, dsn)
 	dir := t.TempDir()
 
-	r := envctlRun(t, dsn, "credential", "issue", "--tenant", crashTenant, "--account", "acct-1", "--device", crashDevice, "--role", "device")
+	token, seed := setUpCrashDevice(t, dsn, crashTenant)
+
+	// Kill points per run: the third POST of a fresh run, the first POST of
+	// a restart (the re-send of the envelope whose answer was lost), the
+	// fourth; the last run is not killed.
+	runKilledProducer(t, ingest, crashTenant, token, seed, filepath.Join(dir, "producer-state.json"), crashEvents, []int64{3, 1, 4, 0})
+	checkProducerStream(t, storetest.Open(t, dsn), crashTenant, crashEvents)
+}
+
+// setUpCrashDevice issues the crash producer's device credential in tenant
+// and registers its key; it returns the token and the key's seed.
+func setUpCrashDevice(t *testing.T, dsn, tenant string) (string, []byte) {
+	t.Helper()
+	r := envctlRun(t, dsn, "credential", "issue", "--tenant", tenant, "--account", "acct-1", "--device", crashDevice, "--role", "device")
 	if r.code != 0 {
 		t.Fatalf("credential issue: %+v", r)
 	}
@@ -116,93 +130,24 @@ func TestProducerKilledBetweenSendAndAnswer(t *testing.T) {
 	seed := make([]byte, ed25519.SeedSize)
 	seed[0] = 42
 	pub := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
-	if r = envctlRun(t, dsn, "key", "add", "--tenant", crashTenant, "--key-id", crashKeyID, "--public-key", base64.RawURLEncoding.EncodeToString(pub)); r.code != 0 {
+	if r = envctlRun(t, dsn, "key", "add", "--tenant", tenant, "--key-id", crashKeyID, "--public-key", base64.RawURLEncoding.EncodeToString(pub)); r.code != 0 {
 		t.Fatalf("key add: %+v", r)
 	}
 
-	target, _ := url.Parse(ingest)
-	var (
-		posts  atomic.Int64
-		killOn atomic.Int64 // the POST, counted from the child's start, whose answer kills it
-		mu     sync.Mutex
-		child  *exec.Cmd
-	)
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	proxy.ModifyResponse = func(resp *http.Response) error {
-		if resp.Request.Method != http.MethodPost || posts.Add(1) != killOn.Load() {
-			return nil
-		}
-		// The service has answered, so it has committed; the producer dies
-		// before it reads a byte of the answer.
-		mu.Lock()
-		child.Process.Kill()
-		mu.Unlock()
-		return fmt.Errorf("producer killed")
-	}
-	proxy.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
-	front := httptest.NewServer(proxy)
-	defer front.Close()
+	return token, seed
+}
 
-	state := filepath.Join(dir, "producer-state.json")
-	next := 1
-	// Kill points per run: the third POST of a fresh run, the first POST of
-	// a restart (the re-send of the envelope whose answer was lost), the
-	// fourth; the last run is not killed.
-	for run, kill := range []int64{3, 1, 4, 0} {
-		posts.Store(0)
-		killOn.Store(kill)
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), producerChildEnv+"=1", "CHILD_URL="+front.URL, "CHILD_TOKEN="+token,
-			"CHILD_SEED="+hex.EncodeToString(seed), "CHILD_STATE="+state,
-			"CHILD_FROM="+strconv.Itoa(next), "CHILD_TO="+strconv.Itoa(crashEvents))
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		mu.Lock()
-		child = cmd
-		err = cmd.Start()
-		mu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lines []string
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines = append(lines, sc.Text())
-		}
-		werr := cmd.Wait()
-		// The application hands each event over once: after a crash it goes
-		// on after the last one Send returned or Resume re-sent. One whose
-		// Send was cut short is either in neither (not saved yet: send it
-		// again) or re-sent by the next Resume.
-		for _, l := range lines {
-			if n, ok := strings.CutPrefix(l, "handed "); ok {
-				i, _ := strconv.Atoi(n)
-				next = i + 1
-			}
-			if strings.HasPrefix(l, "refused") || strings.HasPrefix(l, "error") {
-				t.Fatalf("run %d: %s", run, l)
-			}
-		}
-		killed := kill > 0
-		if killed != (werr != nil) {
-			t.Fatalf("run %d: kill planned %v, exit %v, output %q", run, killed, werr, lines)
-		}
-		t.Logf("run %d (kill on POST %d): %d lines, next event %d", run, kill, len(lines), next)
-	}
-	if next != crashEvents+1 {
-		t.Fatalf("the runs handed over events up to %d, want %d", next-1, crashEvents)
-	}
-
-	s := storetest.Open(t, dsn)
-	rows, cursor, err := s.ReadStream(context.Background(), crashTenant, crashProject, crashDevice, 0, 100, envelope.MaxPageBytes)
+// checkProducerStream checks that the crash producer's stream holds events
+// 1..events exactly once each, at sequences 1..events, with the cursor at
+// the top.
+func checkProducerStream(t *testing.T, s *store.Store, tenant string, events int) {
+	t.Helper()
+	rows, cursor, err := s.ReadStream(context.Background(), tenant, crashProject, crashDevice, 0, 100, envelope.MaxPageBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cursor != crashEvents || len(rows) != crashEvents {
-		t.Fatalf("cursor %d with %d envelopes, want %d contiguous", cursor, len(rows), crashEvents)
+	if cursor != int64(events) || len(rows) != events {
+		t.Fatalf("cursor %d with %d envelopes, want %d contiguous", cursor, len(rows), events)
 	}
 	seen := map[string]int64{}
 	for i, row := range rows {
@@ -218,7 +163,7 @@ func TestProducerKilledBetweenSendAndAnswer(t *testing.T) {
 		}
 		seen[e.EventID] = row.Sequence
 	}
-	for i := 1; i <= crashEvents; i++ {
+	for i := 1; i <= events; i++ {
 		if _, ok := seen[crashEvent(i).EventID]; !ok {
 			t.Fatalf("%s lost", crashEvent(i).EventID)
 		}
@@ -273,4 +218,90 @@ func TestEnvctlSendStateFile(t *testing.T) {
 			t.Fatalf("run %d: %+v", i, r)
 		}
 	}
+}
+
+// runKilledProducer runs the producer child (events 1..events of tenant's
+// stream, state in the file state) once per entry of kills, against ingest
+// through a proxy that, on the kill-th POST of the run, lets the service
+// commit and then SIGKILLs the child before it can read the answer (0: the
+// run is not killed). Each restart resumes from the file store and goes on
+// after the last event handed over; the last run must hand over the rest.
+func runKilledProducer(t *testing.T, ingest, tenant, token string, seed []byte, state string, events int, kills []int64) {
+	t.Helper()
+	target, _ := url.Parse(ingest)
+	var (
+		posts  atomic.Int64
+		killOn atomic.Int64 // the POST, counted from the child's start, whose answer kills it
+		mu     sync.Mutex
+		child  *exec.Cmd
+	)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.Method != http.MethodPost || posts.Add(1) != killOn.Load() {
+			return nil
+		}
+		// The service has answered, so it has committed; the producer dies
+		// before it reads a byte of the answer.
+		mu.Lock()
+		child.Process.Kill()
+		mu.Unlock()
+		return fmt.Errorf("producer killed")
+	}
+	proxy.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+
+	next := 1
+	for run, kill := range kills {
+		posts.Store(0)
+		killOn.Store(kill)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), producerChildEnv+"=1", "CHILD_URL="+front.URL, "CHILD_TOKEN="+token, "CHILD_TENANT="+tenant,
+			"CHILD_SEED="+hex.EncodeToString(seed), "CHILD_STATE="+state,
+			"CHILD_FROM="+strconv.Itoa(next), "CHILD_TO="+strconv.Itoa(events))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		mu.Lock()
+		child = cmd
+		err = cmd.Start()
+		mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The child gives up on its own after crashChildMax; this bounds a
+		// child that hangs anyway.
+		stuck := time.AfterFunc(crashChildMax+10*time.Second, func() { _ = cmd.Process.Kill() })
+		var lines []string
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+		}
+		werr := cmd.Wait()
+		stuck.Stop()
+		// The application hands each event over once: after a crash it goes
+		// on after the last one Send returned or Resume re-sent. One whose
+		// Send was cut short is either in neither (not saved yet: send it
+		// again) or re-sent by the next Resume.
+		for _, l := range lines {
+			if n, ok := strings.CutPrefix(l, "handed "); ok {
+				i, _ := strconv.Atoi(n)
+				next = i + 1
+			}
+			if strings.HasPrefix(l, "refused") || strings.HasPrefix(l, "error") {
+				t.Fatalf("run %d: %s", run, l)
+			}
+		}
+		killed := kill > 0
+		if killed != (werr != nil) {
+			t.Fatalf("run %d: kill planned %v, exit %v, output %q", run, killed, werr, lines)
+		}
+		t.Logf("run %d (kill on POST %d): %d lines, next event %d", run, kill, len(lines), next)
+	}
+	if next != events+1 {
+		t.Fatalf("the runs handed over events up to %d, want %d", next-1, events)
+	}
+
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 	"github.com/envelopeworker/envelopeworker/tools/internal/webhooksink"
 )
 
@@ -122,7 +122,7 @@ func TestSchemaNewerThanBinaries(t *testing.T) {
 		return strings.TrimSpace(res.stdout)
 	}
 	device, svc := issue("device-1", "device"), issue("svc-1", "service")
-	if err := producer.WriteSecretFile(filepath.Join(r.dir, "token"), device+"\n"); err != nil {
+	if err := access.WriteSecretFile(filepath.Join(r.dir, "token"), device+"\n"); err != nil {
 		t.Fatal(err)
 	}
 	seed := filepath.Join(r.dir, "seed")

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -191,7 +192,7 @@ func (c *cli) printJSON(path string, v any) int {
 	return ExitOK
 }
 
-func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+func formatTime(t time.Time) string { return wire.FormatTime(t) }
 
 func formatTimePtr(t *time.Time) *string {
 	if t == nil {
@@ -199,17 +200,6 @@ func formatTimePtr(t *time.Time) *string {
 	}
 	s := formatTime(*t)
 	return &s
-}
-
-// deadLetterLine is one line of `dlq list`: the members of GET /v1/dead-letters entries (contract §4).
-type deadLetterLine struct {
-	MessageID  string `json:"message_id"`
-	EndpointID string `json:"endpoint_id"`
-	Topic      string `json:"topic"`
-	Attempts   int    `json:"attempts"`
-	ErrorCode  string `json:"error_code"`
-	CreatedAt  string `json:"created_at"`
-	DeadAt     string `json:"dead_at"`
 }
 
 func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
@@ -243,7 +233,8 @@ func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
 	}
 	enc := json.NewEncoder(c.Stdout)
 	for _, dl := range dls {
-		line := deadLetterLine{
+		// One line is an entry of GET /v1/dead-letters (contract §4).
+		line := wire.DeadLetter{
 			MessageID: dl.MessageID, EndpointID: dl.EndpointID, Topic: dl.Topic, Attempts: dl.Attempts,
 			ErrorCode: dl.ErrorCode, CreatedAt: formatTime(dl.CreatedAt), DeadAt: formatTime(dl.DeadAt),
 		}
@@ -259,23 +250,10 @@ func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
 	return ExitOK
 }
 
-// statusLine is the output of `dlq replay`: the status object of GET /v1/outbox/{id} (contract §4).
-type statusLine struct {
-	MessageID     string  `json:"message_id"`
-	EndpointID    string  `json:"endpoint_id"`
-	Topic         string  `json:"topic"`
-	Status        string  `json:"status"`
-	Attempts      int     `json:"attempts"`
-	LastErrorCode *string `json:"last_error_code"`
-	NextAttemptAt *string `json:"next_attempt_at"`
-	DeliveredAt   *string `json:"delivered_at"`
-	// Only once the envelope's body expired, as the API says it (§8.9).
-	PayloadExpired bool `json:"payload_expired,omitempty"`
-}
-
-func newStatusLine(m store.MessageStatus) statusLine {
-	return statusLine{
-		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
+// newStatusLine is the output of `dlq replay`: the status object of GET /v1/outbox/{id} (contract §4).
+func newStatusLine(m store.MessageStatus) wire.MessageStatus {
+	return wire.MessageStatus{
+		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: wire.MessageState(m.Status),
 		Attempts: m.Attempts, LastErrorCode: orNull(m.LastErrorCode),
 		NextAttemptAt: formatTimePtr(m.NextAttemptAt), DeliveredAt: formatTimePtr(m.DeliveredAt),
 		PayloadExpired: m.PayloadExpired,
@@ -458,7 +436,7 @@ walk:
 			}
 			seen[dl.MessageID] = true
 			if f.dryRun {
-				line := deadLetterLine{MessageID: dl.MessageID, EndpointID: dl.EndpointID, Topic: dl.Topic, Attempts: dl.Attempts,
+				line := wire.DeadLetter{MessageID: dl.MessageID, EndpointID: dl.EndpointID, Topic: dl.Topic, Attempts: dl.Attempts,
 					ErrorCode: dl.ErrorCode, CreatedAt: formatTime(dl.CreatedAt), DeadAt: formatTime(dl.DeadAt)}
 				if err := enc.Encode(line); err != nil {
 					return c.failure(path, "write: %v", err)
@@ -558,17 +536,6 @@ func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int 
 	return c.printJSON(path, newStatusLine(m))
 }
 
-// attemptLine is one line of `outbox attempts`: an entry of GET /v1/outbox/{id}/attempts (contract
-// §8.8).
-type attemptLine struct {
-	Attempt    int     `json:"attempt"`
-	StartedAt  string  `json:"started_at"`
-	DurationMS int64   `json:"duration_ms"`
-	HTTPStatus *int    `json:"http_status"`
-	ErrorCode  *string `json:"error_code"`
-	Result     string  `json:"result"`
-}
-
 func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) int {
 	d, tenant, id, done, code := messageFlags(c, path, args)
 	if done {
@@ -588,8 +555,9 @@ func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) 
 	}
 	enc := json.NewEncoder(c.Stdout)
 	for _, a := range as {
-		line := attemptLine{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
-			ErrorCode: orNull(a.ErrorCode), Result: string(a.Result)}
+		// One line is an entry of GET /v1/outbox/{id}/attempts (contract §8.8).
+		line := wire.Attempt{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+			ErrorCode: orNull(a.ErrorCode), Result: wire.AttemptResult(a.Result)}
 		if a.HTTPStatus != 0 {
 			status := a.HTTPStatus
 			line.HTTPStatus = &status

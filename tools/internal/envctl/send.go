@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // maxDraftFile bounds a draft file; the service takes at most 1 MiB per request and signatures only add.
@@ -33,7 +34,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	if done, code := c.parse(fs, path, args); done {
 		return code
 	}
-	u, err := producer.CheckURL(*base, false)
+	u, err := access.CheckURL(*base, false)
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}
@@ -41,11 +42,11 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	case *tokenFile != "" && *token != "":
 		return c.usageError(path, "give --token-file or --token, not both")
 	case *tokenFile != "":
-		if *token, err = producer.ReadTokenFile(*tokenFile); err != nil {
+		if *token, err = access.ReadTokenFile(*tokenFile); err != nil {
 			return c.usageError(path, "%v", err)
 		}
 	case *token != "":
-		if err := producer.CheckToken(*token); err != nil {
+		if err := access.CheckToken(*token); err != nil {
 			return c.usageError(path, "--token: %v", err)
 		}
 	default:
@@ -54,7 +55,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	if *seedFile == "" {
 		return c.usageError(path, "--seed-file is required")
 	}
-	priv, err := producer.ReadSeedFile(*seedFile)
+	priv, err := access.ReadSeedFile(*seedFile)
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}
@@ -80,12 +81,12 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	}
 
 	var body []byte
-	route := "/v1/envelopes"
+	route := wire.RouteEnvelopes
 	header := http.Header{}
 	now := c.Now()
 	if *batch {
-		route = "/v1/envelopes/batch"
-		drafts, err := producer.ParseDraftBatch(data, now, true)
+		route = wire.RouteBatch
+		drafts, err := parseDraftBatch(data, now, true)
 		if err != nil {
 			return c.usageError(path, "%s: %v", *file, err)
 		}
@@ -93,7 +94,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 			return c.usageError(path, "%s: %v", *file, err)
 		}
 	} else {
-		d, err := producer.ParseDraft(data, now, true)
+		d, err := parseDraft(data, now, true)
 		if err != nil {
 			return c.usageError(path, "%s: %v", *file, err)
 		}
@@ -117,7 +118,7 @@ func runSend(ctx context.Context, c *cli, path string, args []string) int {
 	}
 	rctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	ans, err := producer.Post(rctx, client, producer.Endpoint(u, route), *token, body, header)
+	ans, err := access.Post(rctx, client, access.Endpoint(u, route), *token, body, header)
 	if err != nil {
 		return c.failure(path, "%v", err)
 	}
@@ -182,14 +183,14 @@ func runKeygen(ctx context.Context, c *cli, path string, args []string) int {
 	if err != nil {
 		return c.failure(path, "generate: %v", err)
 	}
-	seed := producer.EncodeBase64URL(priv.Seed())
-	pubText := producer.EncodeBase64URL(pub)
+	seed := access.EncodeBase64URL(priv.Seed())
+	pubText := access.EncodeBase64URL(pub)
 	if *seedFile == "" {
 		out, _ := json.Marshal(map[string]string{"seed": seed, "public_key": pubText})
 		fmt.Fprintf(c.Stdout, "%s\n", out)
 		return ExitOK
 	}
-	if err := producer.WriteSecretFile(*seedFile, seed+"\n"); err != nil {
+	if err := access.WriteSecretFile(*seedFile, seed+"\n"); err != nil {
 		return c.failure(path, "%v", err)
 	}
 	fmt.Fprintln(c.Stdout, pubText)

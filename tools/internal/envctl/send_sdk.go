@@ -10,7 +10,6 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	sdk "github.com/envelopeworker/envelopeworker/modules/producer"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
 )
 
 // sendResult is one line of `envctl send --state-file`.
@@ -33,13 +32,13 @@ func (c *cli) sendThroughProducer(ctx context.Context, path, base, token string,
 	now := c.Now()
 	var drafts []envelope.Draft
 	if batch {
-		ds, err := producer.ParseDraftBatch(data, now, false)
+		ds, err := parseDraftBatch(data, now, false)
 		if err != nil {
 			return c.usageError(path, "%v", err)
 		}
 		drafts = ds
 	} else {
-		d, err := producer.ParseDraft(data, now, false)
+		d, err := parseDraft(data, now, false)
 		if err != nil {
 			return c.usageError(path, "%v", err)
 		}
@@ -57,11 +56,14 @@ func (c *cli) sendThroughProducer(ctx context.Context, path, base, token string,
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}
-	opts := []sdk.Option{sdk.WithStore(sdk.NewFileStore(stateFile)), sdk.WithDeadline(timeout), sdk.WithClock(c.Now)}
+	opts := []sdk.Option{
+		sdk.WithStream(sdk.Stream{TenantID: first.TenantID, ProjectID: first.ProjectID, ProducerID: first.ProducerID}),
+		sdk.WithStore(sdk.NewFileStore(stateFile)), sdk.WithDeadline(timeout), sdk.WithClock(c.Now),
+	}
 	if c.HTTPClient != nil {
 		opts = append(opts, sdk.WithHTTPClient(c.HTTPClient))
 	}
-	p, err := sdk.New(base, token, signer, sdk.Stream{TenantID: first.TenantID, ProjectID: first.ProjectID, ProducerID: first.ProducerID}, opts...)
+	p, err := sdk.New(base, token, signer, opts...)
 	if err != nil {
 		return c.usageError(path, "%v", err)
 	}

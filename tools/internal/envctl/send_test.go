@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // receiver stands in for ingest-api's HTTP surface only: it records what arrived and answers with a
@@ -64,10 +64,10 @@ func newSendFixture(t *testing.T) *sendFixture {
 	f.pub = pub
 	f.tokenFile = filepath.Join(f.dir, "token")
 	f.seedFile = filepath.Join(f.dir, "seed")
-	if err := producer.WriteSecretFile(f.tokenFile, f.token+"\n"); err != nil {
+	if err := access.WriteSecretFile(f.tokenFile, f.token+"\n"); err != nil {
 		t.Fatal(err)
 	}
-	if err := producer.WriteSecretFile(f.seedFile, producer.EncodeBase64URL(priv.Seed())+"\n"); err != nil {
+	if err := access.WriteSecretFile(f.seedFile, access.EncodeBase64URL(priv.Seed())+"\n"); err != nil {
 		t.Fatal(err)
 	}
 	f.srv = httptest.NewServer(f.rc)
@@ -247,7 +247,7 @@ func TestKeygen(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out) != 2 {
 		t.Fatalf("keygen stdout %q: %v", r.stdout, err)
 	}
-	priv, err := producer.ParseSeed(out["seed"])
+	priv, err := access.ParseSeed(out["seed"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,21 +260,21 @@ func TestKeygen(t *testing.T) {
 	r = run(t, "", "keygen", "--seed-file", path)
 	r.expect(t, ExitOK, "")
 	pubText := strings.TrimSuffix(r.stdout, "\n")
-	priv, err = producer.ReadSeedFile(path)
+	priv, err = access.ReadSeedFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if pub, err := envelope.ParsePublicKey(pubText); err != nil || !pub.Equal(priv.Public()) {
 		t.Fatalf("printed key %q does not belong to the written seed: %v", pubText, err)
 	}
-	if strings.Contains(r.stdout, producer.EncodeBase64URL(priv.Seed())) {
+	if strings.Contains(r.stdout, access.EncodeBase64URL(priv.Seed())) {
 		t.Error("keygen --seed-file printed the seed")
 	}
 	r = run(t, "", "keygen", "--seed-file", path)
 	if r.code != ExitFailure || !strings.Contains(r.stderr, "exists") {
 		t.Errorf("overwriting a seed file: code %d stderr %q", r.code, r.stderr)
 	}
-	if again, _ := producer.ReadSeedFile(path); !again.Equal(priv) {
+	if again, _ := access.ReadSeedFile(path); !again.Equal(priv) {
 		t.Error("the seed file changed")
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Exit codes of Main: as envctl's.
@@ -177,10 +177,11 @@ func mainRun(ctx context.Context, args []string, env Env) int {
 	timeout := fs.Duration("timeout", 30*time.Second, "per request")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	same := fs.Bool("same-credential", false, "every client sends with the first credential (outbox files only: one busy producer)")
+	viaSDK := fs.Bool("sdk", false, "send through the producer module (in-memory store), signing and numbering inside the clock (device files only)")
 	if done, code := parseFlags(fs, args, env); done {
 		return code
 	}
-	u, err := producer.CheckURL(*rawURL, true)
+	u, err := access.CheckURL(*rawURL, true)
 	if err != nil {
 		return usageErr(env, name, "%v", err)
 	}
@@ -197,6 +198,7 @@ func mainRun(ctx context.Context, args []string, env Env) int {
 	plan, err := NewPlan(Config{
 		URL: u, Creds: creds, Producers: *producers, Count: *count, Duration: *duration, Rate: *rate,
 		Batch: *batch, PayloadBytes: *payload, Project: *project, Timeout: *timeout, SameCredential: *same,
+		SDK: *viaSDK,
 	})
 	if err != nil {
 		return usageErr(env, name, "%v", err)

@@ -8,6 +8,9 @@
 //     project per run), so that signing cost never shows up in the measurement; Run then sends them with
 //     C concurrent producers, each one request in flight like a real device, on the single route or the
 //     batch route, flat out or at a fixed total rate, until every envelope is sent or the duration ends.
+//     With Config.SDK the plan holds the same events unsigned, and each producer is a modules/producer
+//     Producer (in-memory store, the lean conn as its transport) that signs and numbers them as it
+//     sends: what a fleet of SDK producers gets, client cost included.
 //
 // Latency is per request. At a fixed rate it is measured from the moment the request was due, not when
 // it was sent, so a server that falls behind shows up in the tail instead of silently slowing the

@@ -20,7 +20,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 	"go.uber.org/goleak"
 )
 
@@ -51,7 +51,7 @@ func TestSetup(t *testing.T) {
 		if id.TenantID != "lt" || id.AccountID != "la" || id.DeviceID != wantDevice || id.Role != "device" {
 			t.Errorf("identity %+v", id)
 		}
-		priv, err := producer.ParseSeed(p.Seed)
+		priv, err := access.ParseSeed(p.Seed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func TestSetup(t *testing.T) {
 
 func TestReadCredsRefusals(t *testing.T) {
 	dir := t.TempDir()
-	good := Producer{Device: "d1", KeyID: "d1", Token: "tok", Seed: producer.EncodeBase64URL(make([]byte, 32))}
+	good := Producer{Device: "d1", KeyID: "d1", Token: "tok", Seed: access.EncodeBase64URL(make([]byte, 32))}
 	cases := map[string]any{
 		"not json":     "{",
 		"no producers": Creds{Tenant: "t"},
@@ -152,6 +152,7 @@ type ingestDouble struct {
 	next     map[string]int64 // device -> next expected sequence
 	events   map[string]bool
 	requests int
+	reads    int // stream state reads (the producer module's Resume)
 	problems []string
 }
 
@@ -170,13 +171,19 @@ func (d *ingestDouble) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/streams/") {
+		// The producer module's Resume: every stream of a run is new.
+		d.reads++
+		io.WriteString(w, `{"cursor":0,"replay_floor":0}`)
+		return
+	}
 	d.requests++
 	var device string
 	var pub ed25519.PublicKey
 	for _, p := range d.creds.Producers {
 		if r.Header.Get("Authorization") == "Bearer "+p.Token {
 			device = p.Device
-			priv, _ := producer.ParseSeed(p.Seed)
+			priv, _ := access.ParseSeed(p.Seed)
 			pub = priv.Public().(ed25519.PublicKey)
 		}
 	}
@@ -245,7 +252,7 @@ func testCreds(n int) Creds {
 	for i := 1; i <= n; i++ {
 		seed := bytes.Repeat([]byte{byte(i)}, 32)
 		dev := fmt.Sprintf("dev-%d", i)
-		c.Producers = append(c.Producers, Producer{Device: dev, KeyID: dev, Token: "tok-" + dev, Seed: producer.EncodeBase64URL(seed)})
+		c.Producers = append(c.Producers, Producer{Device: dev, KeyID: dev, Token: "tok-" + dev, Seed: access.EncodeBase64URL(seed)})
 	}
 	return c
 }
@@ -254,7 +261,7 @@ func runAgainst(t *testing.T, d *ingestDouble, cfg Config) Report {
 	t.Helper()
 	srv := httptest.NewServer(d)
 	defer srv.Close()
-	u, err := producer.CheckURL(srv.URL, true)
+	u, err := access.CheckURL(srv.URL, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,6 +349,58 @@ func TestRunCountsRefusals(t *testing.T) {
 	}
 }
 
+// TestRunSDK runs the same plans through the producer module: the same envelopes reach the service,
+// numbered from 1 per stream, and every answer is counted once per envelope.
+func TestRunSDK(t *testing.T) {
+	creds := testCreds(4)
+	d := newIngestDouble(t, creds)
+	rep := runAgainst(t, d, Config{Creds: creds, Producers: 4, Count: 103, PayloadBytes: 300, SDK: true})
+	if !rep.OK() || rep.Requests != 103 || d.requests != 103 || rep.Accepted != 103 || rep.Statuses[200] != 103 ||
+		rep.Route != "/v1/envelopes" || len(rep.Refused) != 0 || d.reads != 4 {
+		t.Errorf("report %+v (double saw %d posts, %d stream reads)", rep, d.requests, d.reads)
+	}
+	checkLatencies(t, rep)
+	for i, want := range []int64{26, 26, 26, 25} {
+		if got := d.next[creds.Producers[i].Device]; got != want {
+			t.Errorf("producer %d ended at sequence %d, want %d", i, got, want)
+		}
+	}
+	if len(d.events) != 103 {
+		t.Errorf("%d distinct events, want 103", len(d.events))
+	}
+
+	creds = testCreds(3)
+	d = newIngestDouble(t, creds)
+	rep = runAgainst(t, d, Config{Creds: creds, Producers: 3, Count: 65, Batch: 10, SDK: true})
+	// 65 over 3: 22, 22, 21 -> 3 + 3 + 3 calls of at most 10.
+	if !rep.OK() || rep.Requests != 9 || d.requests != 9 || rep.Accepted != 65 || rep.Statuses[200] != 65 || rep.Batch != 10 {
+		t.Errorf("batch report %+v (double saw %d posts)", rep, d.requests)
+	}
+
+	// A refusal is an answer, counted by its reason; the module does not reuse a sequence the
+	// service says is taken, and reads the stream again before the next send.
+	creds = testCreds(2)
+	d = newIngestDouble(t, creds)
+	d.refuseSeq = 3
+	rep = runAgainst(t, d, Config{Creds: creds, Producers: 2, Count: 10, SDK: true})
+	if rep.OK() || rep.Accepted != 8 || rep.Refused["sequence_conflict"] != 2 || rep.Statuses[409] != 2 || rep.Statuses[200] != 8 || d.reads != 4 {
+		t.Errorf("refusal report %+v (%d stream reads)", rep, d.reads)
+	}
+}
+
+// TestRunSDKUnreachable: a service that is not there is a failed run before the clock starts, not a
+// run of transport errors.
+func TestRunSDKUnreachable(t *testing.T) {
+	u, _ := access.CheckURL("http://127.0.0.1:1", true)
+	plan, err := NewPlan(Config{URL: u, Creds: testCreds(1), Producers: 1, Count: 1, Timeout: 200 * time.Millisecond, SDK: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plan.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "resume") {
+		t.Errorf("run against nothing: %v", err)
+	}
+}
+
 func TestTallyRecord(t *testing.T) {
 	tl := newTally()
 	tl.record(200, []byte(`{"results":[{"outcome":"accepted"}]}`), 2, true, false)
@@ -360,7 +419,7 @@ func TestRunInterrupted(t *testing.T) {
 	d := newIngestDouble(t, creds)
 	srv := httptest.NewServer(d)
 	defer srv.Close()
-	u, _ := producer.CheckURL(srv.URL, true)
+	u, _ := access.CheckURL(srv.URL, true)
 	plan, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 4, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -375,8 +434,8 @@ func TestRunInterrupted(t *testing.T) {
 
 func TestNewPlanRefusals(t *testing.T) {
 	creds := testCreds(2)
-	loop, _ := producer.CheckURL("http://127.0.0.1:1", true)
-	afar, _ := producer.CheckURL("https://ingest.example.com", false)
+	loop, _ := access.CheckURL("http://127.0.0.1:1", true)
+	afar, _ := access.CheckURL("https://ingest.example.com", false)
 	base := Config{URL: loop, Creds: creds, Producers: 2, Count: 10, Timeout: time.Second}
 	cases := map[string]func(c *Config){
 		"no url":            func(c *Config) { c.URL = nil },
@@ -396,6 +455,14 @@ func TestNewPlanRefusals(t *testing.T) {
 			c.Producers = 1
 		},
 		"bad identity": func(c *Config) { c.Project = "a b" },
+		"sdk with outbox credentials": func(c *Config) {
+			c.Creds = Creds{Tenant: "lt", Outbox: true, Project: "p", Topic: "t", Producers: creds.Producers}
+			c.SDK = true
+		},
+		"bad key id for the sdk": func(c *Config) {
+			c.Creds = Creds{Tenant: "lt", Producers: []Producer{{Device: "d", KeyID: "-bad", Token: "t", Seed: creds.Producers[0].Seed}}}
+			c.Producers, c.SDK = 1, true
+		},
 	}
 	for name, mod := range cases {
 		cfg := base
@@ -531,7 +598,7 @@ func TestTallyRecordOutbox(t *testing.T) {
 func TestNewOutboxPlan(t *testing.T) {
 	creds := Creds{Tenant: "lt", Account: "la", Outbox: true, Project: "lp", Topic: "lg.topic",
 		Producers: []Producer{{Device: "svc-1", Token: "tok-1"}, {Device: "svc-2", Token: "tok-2"}}}
-	u, _ := producer.CheckURL("http://127.0.0.1:1", true)
+	u, _ := access.CheckURL("http://127.0.0.1:1", true)
 	for _, batch := range []int{0, 3} {
 		p, err := NewPlan(Config{URL: u, Creds: creds, Producers: 2, Count: 7, Batch: batch, Timeout: time.Second, SameCredential: true})
 		if err != nil {

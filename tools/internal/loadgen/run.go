@@ -20,14 +20,15 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	sdk "github.com/envelopeworker/envelopeworker/modules/producer"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Config describes one run.
 type Config struct {
-	URL       *url.URL // from producer.CheckURL(raw, true)
+	URL       *url.URL // from access.CheckURL(raw, true)
 	Creds     Creds
 	Producers int // concurrent producers, at most len(Creds.Producers)
 	Count     int // envelopes in all, split evenly over the producers
@@ -45,6 +46,11 @@ type Config struct {
 	// SameCredential sends every client's requests with the first credential: with an outbox
 	// credentials file, Producers concurrent clients of one outbound stream (contract §8.6).
 	SameCredential bool
+	// SDK sends through the producer module (modules/producer) with its in-memory store, as a device
+	// would (the file store's fsyncs would measure the generator's disk): each producer signs, numbers
+	// and saves its envelopes when it sends them, so that work is inside the clock. Device
+	// credentials only.
+	SDK bool
 }
 
 // Limits of a run's configuration.
@@ -54,8 +60,9 @@ const (
 )
 
 type request struct {
-	body []byte
-	n    int // envelopes in body
+	body   []byte
+	events []sdk.Event // SDK runs: what one Send or SendBatch hands over
+	n      int         // envelopes in body or events
 }
 
 // Plan is a run with every envelope already signed.
@@ -63,8 +70,9 @@ type Plan struct {
 	cfg     Config
 	work    [][]request // per producer, in sequence order
 	route   string
-	clients []string // token per producer
-	outbox  bool     // answers are POST /v1/outbox's: 201 created, 200 repeated
+	clients []string           // token per producer
+	outbox  bool               // answers are POST /v1/outbox's: 201 created, 200 repeated
+	signers []*envelope.Signer // SDK runs: per producer
 }
 
 // NewPlan checks cfg and signs every envelope.
@@ -72,7 +80,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 	if cfg.URL == nil {
 		return nil, errors.New("no URL")
 	}
-	if !producer.IsLoopbackHost(cfg.URL.Hostname()) {
+	if !access.IsLoopbackHost(cfg.URL.Hostname()) {
 		return nil, fmt.Errorf("url %s: only loopback hosts are allowed", redact.URL(cfg.URL.String()))
 	}
 	switch {
@@ -92,6 +100,8 @@ func NewPlan(cfg Config) (*Plan, error) {
 		return nil, errors.New("timeout must be positive")
 	case cfg.SameCredential && !cfg.Creds.Outbox:
 		return nil, errors.New("same-credential needs an outbox credentials file (a device's envelopes carry their own sequences)")
+	case cfg.SDK && cfg.Creds.Outbox:
+		return nil, errors.New("sdk needs a device credentials file (the producer module sends envelopes, not outbox requests)")
 	}
 	if cfg.Creds.Outbox {
 		if cfg.Project != "" && cfg.Project != cfg.Creds.Project {
@@ -113,9 +123,9 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		cfg.Project = "lg-" + hex.EncodeToString(b[:])
 	}
-	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/envelopes"}
+	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: wire.RouteEnvelopes}
 	if cfg.Batch > 0 {
-		p.route = "/v1/envelopes/batch"
+		p.route = wire.RouteBatch
 	}
 	p.clients = make([]string, cfg.Producers)
 	issued := cfg.Now().UTC().Truncate(time.Millisecond)
@@ -138,11 +148,14 @@ func NewPlan(cfg Config) (*Plan, error) {
 			return nil, fmt.Errorf("producer %s: token is empty or holds spaces or control characters", pr.Device)
 		}
 		p.clients[i] = pr.Token
-		priv, err := producer.ParseSeed(pr.Seed)
+		priv, err := access.ParseSeed(pr.Seed)
 		if err != nil {
 			return nil, fmt.Errorf("producer %s: %w", pr.Device, err)
 		}
 		keys[i] = priv
+	}
+	if cfg.SDK {
+		return p.sdkPlan(keys, envs, issued, pad)
 	}
 	var (
 		wg       sync.WaitGroup
@@ -187,9 +200,9 @@ func NewPlan(cfg Config) (*Plan, error) {
 // newOutboxPlan builds the outbox requests: nothing to sign (ingest-api signs), one idempotency key per
 // message, unique to the run.
 func newOutboxPlan(cfg Config) (*Plan, error) {
-	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: "/v1/outbox", outbox: true}
+	p := &Plan{cfg: cfg, work: make([][]request, cfg.Producers), route: wire.RouteOutbox, outbox: true}
 	if cfg.Batch > 0 {
-		p.route = "/v1/outbox/batch"
+		p.route = wire.RouteOutboxBatch
 	}
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -436,6 +449,15 @@ func (t *tally) record(status int, body []byte, n int, batch, outbox bool) {
 // Run sends the plan. It returns when every envelope was sent, the duration passed, or ctx ended.
 func (p *Plan) Run(ctx context.Context) (Report, error) {
 	cfg := p.cfg
+	conns := make([]*conn, len(p.work))
+	for i := range conns {
+		conns[i] = newConn(cfg.URL, p.route, p.clients[i])
+		defer conns[i].close()
+	}
+	producers, err := p.sdkProducers(ctx, conns)
+	if err != nil {
+		return Report{}, err
+	}
 	start := cfg.Now()
 	runCtx := ctx
 	if cfg.Duration > 0 {
@@ -453,9 +475,11 @@ func (p *Plan) Run(ctx context.Context) (Report, error) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := newConn(cfg.URL, p.route, p.clients[i])
-			defer c.close()
-			p.produce(runCtx, ctx, i, c, start, &slots, tallys[i])
+			var pr *sdk.Producer
+			if producers != nil {
+				pr = producers[i]
+			}
+			p.produce(runCtx, ctx, i, conns[i], pr, start, &slots, tallys[i])
 		}(i)
 	}
 	wg.Wait()
@@ -488,7 +512,7 @@ func (p *Plan) Run(ctx context.Context) (Report, error) {
 
 // produce is one producer: its requests in order, one in flight. runCtx ends issuing (duration);
 // ctx is the caller's and also cancels a request in flight.
-func (p *Plan) produce(runCtx, ctx context.Context, i int, c *conn, start time.Time, slots *atomic.Int64, t *tally) {
+func (p *Plan) produce(runCtx, ctx context.Context, i int, c *conn, pr *sdk.Producer, start time.Time, slots *atomic.Int64, t *tally) {
 	cfg := p.cfg
 	var timer *time.Timer
 	for _, req := range p.work[i] {
@@ -518,6 +542,21 @@ func (p *Plan) produce(runCtx, ctx context.Context, i int, c *conn, start time.T
 			due = sent
 		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		if pr != nil {
+			rs, err := sendSDK(rctx, pr, req)
+			cancel()
+			done := cfg.Now()
+			t.requests++
+			t.envelopes += req.n
+			t.last = done
+			if err != nil {
+				t.sdkError(err, req.n)
+				continue
+			}
+			t.latencies = append(t.latencies, done.Sub(due))
+			t.results(rs)
+			continue
+		}
 		status, body, err := c.post(rctx, req.body)
 		cancel()
 		done := cfg.Now()

@@ -11,7 +11,7 @@ import (
 	"regexp"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
-	"github.com/envelopeworker/envelopeworker/tools/internal/producer"
+	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
 
 // Producer is one simulated device: its credential and signing key. An
@@ -76,7 +76,7 @@ func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) 
 			return Creds{}, fmt.Errorf("issue credential for %s: %w", device, err)
 		}
 		c.Producers = append(c.Producers, Producer{
-			Device: device, KeyID: device, Token: token, Seed: producer.EncodeBase64URL(priv.Seed()),
+			Device: device, KeyID: device, Token: token, Seed: access.EncodeBase64URL(priv.Seed()),
 		})
 	}
 	return c, nil
@@ -105,7 +105,7 @@ func WriteCreds(path string, c Creds) error {
 	if err != nil {
 		return fmt.Errorf("encode credentials: %w", err)
 	}
-	return producer.WriteSecretFile(path, string(b)+"\n")
+	return access.WriteSecretFile(path, string(b)+"\n")
 }
 
 // ReadCreds reads and checks a credentials file.
@@ -129,7 +129,7 @@ func ReadCreds(path string) (Creds, error) {
 			if p.Device == "" {
 				return Creds{}, fmt.Errorf("%s: producer %d lacks device", path, i)
 			}
-			if err := producer.CheckToken(p.Token); err != nil {
+			if err := access.CheckToken(p.Token); err != nil {
 				return Creds{}, fmt.Errorf("%s: producer %s: %w", path, p.Device, err)
 			}
 			continue
@@ -137,10 +137,10 @@ func ReadCreds(path string) (Creds, error) {
 		if p.Device == "" || p.KeyID == "" {
 			return Creds{}, fmt.Errorf("%s: producer %d lacks device or key_id", path, i)
 		}
-		if err := producer.CheckToken(p.Token); err != nil {
+		if err := access.CheckToken(p.Token); err != nil {
 			return Creds{}, fmt.Errorf("%s: producer %s: %w", path, p.Device, err)
 		}
-		if _, err := producer.ParseSeed(p.Seed); err != nil {
+		if _, err := access.ParseSeed(p.Seed); err != nil {
 			return Creds{}, fmt.Errorf("%s: producer %s: %w", path, p.Device, err)
 		}
 	}

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"net/http"
-
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 )
 
@@ -38,15 +36,3 @@ type (
 	batchResult = wire.BatchResult
 	batchAnswer = wire.BatchAnswer
 )
-
-// statusOf maps a reason code to its HTTP status: the inbound codes as
-// wire.Reason.Status does (contract §2), plus the outbox's own.
-func statusOf(reason wire.Reason) int {
-	switch reason {
-	case reasonNoSigningKey, reasonNoEndpoint:
-		return http.StatusUnprocessableEntity
-	case reasonNotDead, reasonPayloadExpired:
-		return http.StatusConflict
-	}
-	return reason.Status()
-}

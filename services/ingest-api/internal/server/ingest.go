@@ -379,7 +379,7 @@ func (s *Server) postBatch(c echo.Context) error {
 		}
 		a.CorrelationID = st.correlationID
 		s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
-		results[i] = batchResult{Answer: a, Status: statusOf(a.Reason)}
+		results[i] = batchResult{Answer: a, Status: a.Reason.Status()}
 	}
 	st.outcome, st.reason, st.items = "batch", "", len(results)
 	writeJSON(c, http.StatusOK, batchAnswer{Results: results})

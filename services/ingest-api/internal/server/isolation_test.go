@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -125,7 +126,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 	}
 	kill(t, o.fixture, tenantB, msgsB[0], msgsB[1]) // two dead, the third pending (retry in an hour)
 	page := o.get(opsB, "/v1/dead-letters?project_id=proj-b&limit=1")
-	var dl deadLetterPage
+	var dl wire.DeadLetterPage
 	decodeStrict(t, page.body, &dl)
 	if page.status != 200 || len(dl.DeadLetters) != 1 || dl.NextAfter == nil {
 		t.Fatalf("tenant-b's dead letters: %d %s", page.status, page.body)

@@ -182,10 +182,19 @@ func goReasons(t *testing.T) []string {
 			}
 		}
 	}
-	collect("../../../../modules/producer/wire/wire.go", func(vs *ast.ValueSpec, _ *ast.Ident) bool {
-		typ, ok := vs.Type.(*ast.Ident)
-		return ok && typ.Name == "Reason"
-	})
+	wireFiles, err := filepath.Glob("../../../../modules/producer/wire/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range wireFiles {
+		if strings.HasSuffix(file, "_test.go") {
+			continue
+		}
+		collect(file, func(vs *ast.ValueSpec, _ *ast.Ident) bool {
+			typ, ok := vs.Type.(*ast.Ident)
+			return ok && typ.Name == "Reason"
+		})
+	}
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)

@@ -20,15 +20,13 @@ import (
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
-// Outbox reason codes (contract §4).
+// Outbox reason codes (contract §4, §8.9).
 const (
-	reasonNoSigningKey        = "no_signing_key"
-	reasonNoEndpoint          = "no_endpoint"
-	reasonIdempotencyConflict = "idempotency_conflict"
-	reasonNotDead             = "not_dead"
-	// reasonPayloadExpired: a replay of a dead letter whose envelope body
-	// the retention-janitor deleted (§8.9).
-	reasonPayloadExpired = "payload_expired"
+	reasonNoSigningKey        = wire.ReasonNoSigningKey
+	reasonNoEndpoint          = wire.ReasonNoEndpoint
+	reasonIdempotencyConflict = wire.ReasonIdempotencyConflict
+	reasonNotDead             = wire.ReasonNotDead
+	reasonPayloadExpired      = wire.ReasonPayloadExpired
 )
 
 // outboxRequest is a checked POST /v1/outbox body.
@@ -410,7 +408,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		if rep.reason != "" {
 			b, err := json.Marshal(batchResult{
 				Answer: answer{Outcome: outcomeRefused, Reason: rep.reason, CorrelationID: st.correlationID, Detail: rep.detail},
-				Status: statusOf(rep.reason),
+				Status: rep.reason.Status(),
 			})
 			if err != nil {
 				return s.unavailable(c, "encode", err)
@@ -429,34 +427,17 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, out)
 }
 
-// outboxStatus is the contract's message status object; null for what is
-// unset.
-type outboxStatus struct {
-	MessageID     string  `json:"message_id"`
-	EndpointID    string  `json:"endpoint_id"`
-	Topic         string  `json:"topic"`
-	Status        string  `json:"status"`
-	Attempts      int     `json:"attempts"`
-	LastErrorCode *string `json:"last_error_code"`
-	NextAttemptAt *string `json:"next_attempt_at"`
-	DeliveredAt   *string `json:"delivered_at"`
-	// Only once the envelope's body expired (§8.9).
-	PayloadExpired bool `json:"payload_expired,omitempty"`
-}
-
-func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
-
 func optTime(t *time.Time) *string {
 	if t == nil {
 		return nil
 	}
-	v := formatTime(*t)
+	v := wire.FormatTime(*t)
 	return &v
 }
 
-func statusBody(m store.MessageStatus) outboxStatus {
-	b := outboxStatus{
-		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: m.Status,
+func statusBody(m store.MessageStatus) wire.MessageStatus {
+	b := wire.MessageStatus{
+		MessageID: m.MessageID, EndpointID: m.EndpointID, Topic: m.Topic, Status: wire.MessageState(m.Status),
 		Attempts: m.Attempts, NextAttemptAt: optTime(m.NextAttemptAt), DeliveredAt: optTime(m.DeliveredAt),
 		PayloadExpired: m.PayloadExpired,
 	}
@@ -505,26 +486,11 @@ func serveTenantRead(s *Server, c echo.Context, what string, read func(ctx conte
 	return nil
 }
 
-// attemptEntry is one entry of GET /v1/outbox/{id}/attempts (contract
-// §8.8); null for no answer and no code.
-type attemptEntry struct {
-	Attempt    int     `json:"attempt"`
-	StartedAt  string  `json:"started_at"`
-	DurationMS int64   `json:"duration_ms"`
-	HTTPStatus *int    `json:"http_status"`
-	ErrorCode  *string `json:"error_code"`
-	Result     string  `json:"result"`
-}
-
-type attemptsBody struct {
-	Attempts []attemptEntry `json:"attempts"`
-}
-
-func attemptsAnswer(as []store.Attempt) attemptsBody {
-	out := attemptsBody{Attempts: make([]attemptEntry, 0, len(as))}
+func attemptsAnswer(as []store.Attempt) wire.Attempts {
+	out := wire.Attempts{Attempts: make([]wire.Attempt, 0, len(as))}
 	for _, a := range as {
-		e := attemptEntry{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
-			Result: string(a.Result)}
+		e := wire.Attempt{Attempt: a.Attempt, StartedAt: wire.FormatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+			Result: wire.AttemptResult(a.Result)}
 		if a.HTTPStatus != 0 {
 			status := a.HTTPStatus
 			e.HTTPStatus = &status
@@ -546,21 +512,6 @@ func (s *Server) getOutboxAttempts(c echo.Context) error {
 		as, err := s.store.OutboxAttempts(ctx, tenant, c.Param("id"))
 		return attemptsAnswer(as), err
 	})
-}
-
-type deadLetter struct {
-	MessageID  string `json:"message_id"`
-	EndpointID string `json:"endpoint_id"`
-	Topic      string `json:"topic"`
-	Attempts   int    `json:"attempts"`
-	ErrorCode  string `json:"error_code"`
-	CreatedAt  string `json:"created_at"`
-	DeadAt     string `json:"dead_at"`
-}
-
-type deadLetterPage struct {
-	DeadLetters []deadLetter `json:"dead_letters"`
-	NextAfter   *string      `json:"next_after"`
 }
 
 // maxCursorLen bounds the opaque cursor before the store parses it.
@@ -607,11 +558,11 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 	if err != nil {
 		return s.unavailable(c, "list_dead_letters", err)
 	}
-	page := deadLetterPage{DeadLetters: make([]deadLetter, 0, len(rows)), NextAfter: next}
+	page := wire.DeadLetterPage{DeadLetters: make([]wire.DeadLetter, 0, len(rows)), NextAfter: next}
 	for _, d := range rows {
-		page.DeadLetters = append(page.DeadLetters, deadLetter{
+		page.DeadLetters = append(page.DeadLetters, wire.DeadLetter{
 			MessageID: d.MessageID, EndpointID: d.EndpointID, Topic: d.Topic, Attempts: d.Attempts,
-			ErrorCode: d.ErrorCode, CreatedAt: formatTime(d.CreatedAt), DeadAt: formatTime(d.DeadAt),
+			ErrorCode: d.ErrorCode, CreatedAt: wire.FormatTime(d.CreatedAt), DeadAt: wire.FormatTime(d.DeadAt),
 		})
 	}
 	state(c).outcome = "read"

@@ -50,7 +50,7 @@ func (o *outboxFixture) batchResults(r resp) []batchItem {
 	decodeStrict(o.t, r.body, &out)
 	for i, it := range out.Results {
 		if it.Reason != "" && (it.Outcome != outcomeRefused || it.CorrelationID != r.header.Get("X-Correlation-Id") ||
-			it.Envelope != nil || it.Status != statusOf(it.Reason)) {
+			it.Envelope != nil || it.Status != it.Reason.Status()) {
 			o.t.Fatalf("result %d is not a refusal body: %+v", i, it)
 		}
 		if it.Reason != "" {

@@ -37,7 +37,7 @@ func (s *Server) writeAnswer(c echo.Context, a answer) {
 	a.CorrelationID = st.correlationID
 	st.outcome, st.reason, st.detail = string(a.Outcome), string(a.Reason), a.Detail
 	s.metrics.envelopes.WithLabelValues(string(a.Outcome), string(a.Reason)).Inc()
-	writeJSON(c, statusOf(a.Reason), a)
+	writeJSON(c, a.Reason.Status(), a)
 }
 
 // writeRefusal answers a refusal with the contract's refusal body and, but
@@ -57,7 +57,7 @@ func (s *Server) writeRefusal(c echo.Context, status int, reason wire.Reason, de
 // refuse answers reason with its contract status and detail, one of the
 // fixed sentences of detail.go or of the envelope module.
 func (s *Server) refuse(c echo.Context, reason wire.Reason, detail string) error {
-	s.writeRefusal(c, statusOf(reason), reason, detail)
+	s.writeRefusal(c, reason.Status(), reason, detail)
 	return nil
 }
 

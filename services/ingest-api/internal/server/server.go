@@ -396,18 +396,19 @@ func (s *Server) routes() *echo.Echo {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 
-	// The producer routes' paths are the wire package's, which producers post to.
+	// The fixed paths are the wire package's, which clients post to; those
+	// with a parameter are its path helpers' patterns.
 	e.POST(wire.RouteEnvelopes, s.postEnvelope)
 	e.POST(wire.RouteBatch, s.postBatch)
 	v1 := e.Group("/v1")
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
-	v1.POST("/outbox", s.postOutbox)
-	v1.POST("/outbox/batch", s.postOutboxBatch)
-	v1.GET("/outbox/:id", s.getOutboxMessage)
+	e.POST(wire.RouteOutbox, s.postOutbox)
+	e.POST(wire.RouteOutboxBatch, s.postOutboxBatch)
+	v1.GET("/outbox/:id", s.getOutboxMessage) // wire.OutboxMessagePath
 	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
-	v1.GET("/dead-letters", s.getDeadLetters)
-	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter)
+	e.GET(wire.RouteDeadLetters, s.getDeadLetters)
+	v1.POST("/dead-letters/:id/replay", s.replayDeadLetter) // wire.ReplayPath
 	v1.GET("/outbound-keys", s.getOutboundKeys)
 	return e
 }

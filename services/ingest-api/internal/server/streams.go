@@ -94,7 +94,7 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 	return nil
 }
 
-// writeStreamPage writes
+// writeStreamPage writes a wire.StreamPage,
 //
 //	{"envelopes":[{"sequence":S,"event_identity":"…","envelope":{…}|null,"payload_expired":B},…],"cursor":C}
 //

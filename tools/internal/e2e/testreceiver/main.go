@@ -1,7 +1,7 @@
 // Command testreceiver is the webhook consumer of the end-to-end tests: a
 // small program a user could write with modules/receiver and its
-// PostgreSQL receipts. Each verified delivery inserts one effect row in the
-// receipt's transaction. With RX_CRASH_EVERY=N it kills itself (SIGKILL,
+// PostgreSQL receipts. Each verified delivery inserts one effect row (ids,
+// outbound sequence, payload) in the receipt's transaction. With RX_CRASH_EVERY=N it kills itself (SIGKILL,
 // so nothing is flushed or answered) right after committing the effect of
 // every envelope whose sequence is a multiple of N, before answering: the
 // worker then redelivers, and the receipt must keep the effect single.
@@ -49,7 +49,7 @@ func run() error {
 	if err := receipts.CreateTable(ctx); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS rx_effects (webhook_id text NOT NULL, event_id text NOT NULL, sequence bigint NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS rx_effects (webhook_id text NOT NULL, event_id text NOT NULL, sequence bigint NOT NULL, payload jsonb NOT NULL)`); err != nil {
 		return err
 	}
 	keys := receiver.NewRemoteKeys(os.Getenv("RX_KEYS_URL"), os.Getenv("RX_TOKEN"), nil)
@@ -63,7 +63,7 @@ func run() error {
 	hook := v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d, _ := receiver.FromContext(r.Context())
 		dup, err := receipts.Handle(r.Context(), d.WebhookID, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO rx_effects VALUES ($1, $2, $3)`, d.WebhookID, d.Envelope.EventID, d.Envelope.Sequence)
+			_, err := tx.Exec(ctx, `INSERT INTO rx_effects VALUES ($1, $2, $3, $4)`, d.WebhookID, d.Envelope.EventID, d.Envelope.Sequence, string(d.Envelope.Payload))
 			return err
 		})
 		if err != nil {

@@ -1,10 +1,9 @@
-// Package producer holds what the tools need to act as a controlplane/v1 producer on the wire: reading
-// Ed25519 seeds and bearer tokens from files, turning unsigned draft files into envelope.Draft values,
-// refusing URLs that would send a credential somewhere it should not go, and posting a body.
-//
-// It is shared by `envctl send` (the reference producer) and the ingest load generator so both sign
-// and send exactly the same way.
-package producer
+// Package access holds what the tools need to reach the service with a credential: Ed25519 seeds and
+// bearer tokens read from (and written to) files, base URLs checked so that a credential never goes
+// somewhere it should not, and one raw POST. Sending envelopes as a device does is the producer
+// module's job (modules/producer); Post is for the tools that must see every answer on the wire as it
+// is — envctl send without a state file (any envelope, any sequence), the chaos harness's ledger.
+package access
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package producer
+package envctl
 
 import (
 	"bytes"
@@ -32,12 +32,12 @@ var requiredDraftMembers = []string{
 	"metadata", "payload",
 }
 
-// Sequenced says whether drafts carry their sequence (envctl send on its own) or must leave it out
+// sequenced says whether drafts carry their sequence (envctl send on its own) or must leave it out
 // (envctl send --state-file, where the producer module assigns sequences).
-type Sequenced bool
+type sequenced bool
 
-// ParseDraft reads one draft object.
-func ParseDraft(data []byte, now time.Time, seq Sequenced) (envelope.Draft, error) {
+// parseDraft reads one draft object.
+func parseDraft(data []byte, now time.Time, seq sequenced) (envelope.Draft, error) {
 	canon, err := envelope.Canonicalize(data)
 	if err != nil {
 		return envelope.Draft{}, fmt.Errorf("draft is not acceptable JSON: %w", err)
@@ -45,9 +45,9 @@ func ParseDraft(data []byte, now time.Time, seq Sequenced) (envelope.Draft, erro
 	return decodeDraft(canon, now, seq)
 }
 
-// ParseDraftBatch reads a batch draft file: {"envelopes":[draft, ...]} or a bare array of drafts, with
+// parseDraftBatch reads a batch draft file: {"envelopes":[draft, ...]} or a bare array of drafts, with
 // 1..envelope.MaxBatch drafts, each under the envelope limits on its own (as the server counts them).
-func ParseDraftBatch(data []byte, now time.Time, seq Sequenced) ([]envelope.Draft, error) {
+func parseDraftBatch(data []byte, now time.Time, seq sequenced) ([]envelope.Draft, error) {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
 	if len(trimmed) > 0 && trimmed[0] == '[' {
 		wrapped := make([]byte, 0, len(data)+16)
@@ -62,7 +62,7 @@ func ParseDraftBatch(data []byte, now time.Time, seq Sequenced) ([]envelope.Draf
 	}
 	drafts := make([]envelope.Draft, 0, len(items))
 	for i, item := range items {
-		d, err := ParseDraft(item, now, seq)
+		d, err := parseDraft(item, now, seq)
 		if err != nil {
 			return nil, fmt.Errorf("batch draft item %d: %w", i, err)
 		}
@@ -71,7 +71,7 @@ func ParseDraftBatch(data []byte, now time.Time, seq Sequenced) ([]envelope.Draf
 	return drafts, nil
 }
 
-func decodeDraft(canon []byte, now time.Time, seq Sequenced) (envelope.Draft, error) {
+func decodeDraft(canon []byte, now time.Time, seq sequenced) (envelope.Draft, error) {
 	var d envelope.Draft
 	if len(canon) == 0 || canon[0] != '{' {
 		return d, errors.New("draft must be a JSON object")
