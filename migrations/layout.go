@@ -86,11 +86,30 @@ const createLayoutTable = `CREATE TABLE IF NOT EXISTS schema_layout (
 // schema_migrations exists. want "" keeps the recorded layout (plain for a
 // new database). A database migrated before layouts existed has
 // migrations and no row: it is plain, and is recorded so.
-func recordLayout(ctx context.Context, conn *sql.Conn, want Layout, migrated bool) (Layout, error) {
+//
+// On a schema a later release migrated (newer), nothing is written: Apply
+// leaves such a database as it is.
+func recordLayout(ctx context.Context, conn *sql.Conn, want Layout, migrated, newer bool) (Layout, error) {
 	if want != "" {
 		if _, err := ParseLayout(string(want)); err != nil {
 			return "", err
 		}
+	}
+	if newer {
+		var have Layout = LayoutPlain
+		var exists bool
+		if err := conn.QueryRowContext(ctx, `SELECT to_regclass('schema_layout') IS NOT NULL`).Scan(&exists); err != nil {
+			return "", fmt.Errorf("migrations: read schema_layout: %w", err)
+		}
+		if exists {
+			if err := conn.QueryRowContext(ctx, `SELECT layout FROM schema_layout`).Scan(&have); err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return "", fmt.Errorf("migrations: read schema_layout: %w", err)
+			}
+		}
+		if want != "" && want != have {
+			return "", fmt.Errorf("%w: it is %s, %s was asked for", ErrLayoutChange, have, want)
+		}
+		return have, nil
 	}
 	if _, err := conn.ExecContext(ctx, createLayoutTable); err != nil {
 		return "", fmt.Errorf("migrations: create schema_layout: %w", err)
@@ -140,6 +159,26 @@ func CurrentLayout(ctx context.Context, db *sql.DB) (l Layout, recorded bool, er
 		return "", false, fmt.Errorf("migrations: layout: %w", err)
 	}
 	if hasLayout {
+		// The roles may read schema_migrations (0001) but not this table,
+		// which the migrator creates before 0001 runs; the catalog says the
+		// same thing, since the layout never changes after 0001.
+		var readable bool
+		if err := db.QueryRowContext(ctx, `SELECT has_table_privilege('schema_layout', 'SELECT')`).Scan(&readable); err != nil {
+			return "", false, fmt.Errorf("migrations: layout: %w", err)
+		}
+		if !readable {
+			var kind string
+			err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass('event_identities')), '')`).Scan(&kind)
+			switch {
+			case err != nil:
+				return "", false, fmt.Errorf("migrations: layout: %w", err)
+			case kind == "p":
+				return LayoutPartitioned, true, nil
+			case kind == "r":
+				return LayoutPlain, true, nil
+			}
+			return "", false, nil
+		}
 		err := db.QueryRowContext(ctx, `SELECT layout FROM schema_layout`).Scan(&l)
 		if err == nil {
 			return l, true, nil

@@ -165,7 +165,11 @@ func ApplyLayout(ctx context.Context, db *sql.DB, layout Layout) (applied []int,
 	if err != nil {
 		return nil, err
 	}
-	if layout, err = recordLayout(ctx, conn, layout, len(done) > 0); err != nil {
+	newer := false
+	for v := range done {
+		newer = newer || v > Latest()
+	}
+	if layout, err = recordLayout(ctx, conn, layout, len(done) > 0, newer); err != nil {
 		return nil, err
 	}
 	for _, m := range loaded {
