@@ -76,7 +76,7 @@ var deleteExpiredAttemptsSQL = deleteExpiredAttemptsFrom("outbound_bodies", "out
 // expiry first, whose messages are all settled and have no attempt rows
 // left. The repeated checks are what a concurrent replay changes (it
 // clears expires_at); a ctid names the same row for the whole statement
-// (see deleteExpiredSQL, which TestPayloadTableIsPlain guards the same way).
+// (see deleteExpiredSQL, which TestRetentionTablesAreHeapsTheDeletesName guards the same way).
 //
 // A body past its expiry with a message still in flight (a replay, or a
 // message waiting on a disabled endpoint) is passed over on every batch
