@@ -126,10 +126,18 @@ const createTable = `CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
-// Apply brings the database up to Latest and returns the versions it applied
-// (none when already current, or newer). It is safe to run from several
-// processes at once.
+// Apply brings the database up to Latest in the layout it was migrated with
+// (plain for a new database) and returns the versions it applied (none when
+// already current, or newer). It is safe to run from several processes at
+// once.
 func Apply(ctx context.Context, db *sql.DB) (applied []int, err error) {
+	return ApplyLayout(ctx, db, "")
+}
+
+// ApplyLayout is Apply with the layout (layout.go) asked for: "" keeps the
+// recorded one; another layout than the recorded one is refused
+// (ErrLayoutChange) once any migration is applied.
+func ApplyLayout(ctx context.Context, db *sql.DB, layout Layout) (applied []int, err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: connect: %w", err)
@@ -157,6 +165,13 @@ func Apply(ctx context.Context, db *sql.DB) (applied []int, err error) {
 	if err != nil {
 		return nil, err
 	}
+	newer := false
+	for v := range done {
+		newer = newer || v > Latest()
+	}
+	if layout, err = recordLayout(ctx, conn, layout, len(done) > 0, newer); err != nil {
+		return nil, err
+	}
 	for _, m := range loaded {
 		if sum, ok := done[m.Version]; ok {
 			if sum != m.Checksum {
@@ -164,7 +179,7 @@ func Apply(ctx context.Context, db *sql.DB) (applied []int, err error) {
 			}
 			continue
 		}
-		if err := applyOne(ctx, conn, m); err != nil {
+		if err := applyOne(ctx, conn, m, layout); err != nil {
 			return applied, err
 		}
 		applied = append(applied, m.Version)
@@ -193,7 +208,11 @@ func appliedChecksums(ctx context.Context, conn *sql.Conn) (map[int]string, erro
 	return done, nil
 }
 
-func applyOne(ctx context.Context, conn *sql.Conn, m Migration) (err error) {
+func applyOne(ctx context.Context, conn *sql.Conn, m Migration, layout Layout) (err error) {
+	text, err := sqlFor(m, layout)
+	if err != nil {
+		return err
+	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrations: %s: begin: %w", m.Name, err)
@@ -205,8 +224,13 @@ func applyOne(ctx context.Context, conn *sql.Conn, m Migration) (err error) {
 	}()
 	// No arguments: the driver sends the file as one simple-protocol query, so
 	// a file may hold many statements and DO blocks.
-	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+	if _, err := tx.ExecContext(ctx, text); err != nil {
 		return fmt.Errorf("migrations: %s: %w", m.Name, err)
+	}
+	if layout == LayoutPartitioned {
+		if _, err := tx.ExecContext(ctx, grantPartitionsSQL); err != nil {
+			return fmt.Errorf("migrations: %s: partition privileges: %w", m.Name, err)
+		}
 	}
 	if _, err := tx.ExecContext(ctx,
 		`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)`,

@@ -242,7 +242,7 @@ func TestMigration0005OnPopulatedDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range All()[:4] {
-		if err := applyOne(ctx, conn, m); err != nil {
+		if err := applyOne(ctx, conn, m, LayoutPlain); err != nil {
 			t.Fatal(err)
 		}
 	}

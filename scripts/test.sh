@@ -28,6 +28,7 @@
 #                     core, is the parallelism each module's tests had when modules ran one after
 #                     another: tests that time a peer (a hanging endpoint, a slow client) keep the CPU
 #                     they were written for. More may finish sooner on an idle machine.
+#   TEST_LAYOUTS=plain  skip the second run of the store, janitor and end-to-end subset on the partitioned layout
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,6 +86,15 @@ fi
 if [ ${#plain_pkgs[@]} -gt 0 ]; then
 	step "go test, ${#plain_pkgs[@]} packages without concurrency:$(short "${plain_pkgs[@]}")"
 	go test -count=1 -p "$parallel" -timeout 15m "${plain_pkgs[@]}" || failed+=("test")
+fi
+
+# The partitioned layout (migrations/layout.go) once more: the store, the janitor, and the end-to-end
+# tests of ingest, batch, outbox claim/settle, replay and retention. TEST_LAYOUTS=plain skips it.
+if [ "${TEST_LAYOUTS:-plain partitioned}" != plain ] && [ -z "${MODULES:-}" ]; then
+	step "go test -race, partitioned layout: store, janitor, end-to-end subset"
+	TEST_LAYOUT=partitioned go test -race -count=1 -p "$parallel" -timeout 15m ./modules/store ./services/retention-janitor/... || failed+=("partitioned layout")
+	TEST_LAYOUT=partitioned go test -race -count=1 -timeout 15m ./tools/internal/e2e \
+		-run '^(TestToolsAgainstIngestAPI|TestAdminSurfaceThroughTheBinary|TestAttemptHistoryEndToEnd|TestOutboundRetentionEndToEnd)$' || failed+=("partitioned layout (e2e)")
 fi
 
 if [ "$fuzztime" != 0 ]; then

@@ -27,3 +27,24 @@ var HotSQL = map[string]string{
 	"expiredBodies":   deleteExpiredBodiesSQL,
 	"backfillBodies":  backfillBodiesSQL,
 }
+
+// CrossTenantSQL is the statements that read every tenant's rows by design,
+// which TestHotStatementsTouchOnePartition names and bounds.
+var CrossTenantSQL = map[string]string{
+	"dueTenants":      dueTenantsSQL,
+	"outboxStats":     outboxStatsSQL,
+	"expiredPayloads": deleteExpiredSQL,
+	"expiredAttempts": deleteExpiredAttemptsSQL,
+	"expiredBodies":   deleteExpiredBodiesSQL,
+	"backfillBodies":  backfillBodiesSQL,
+}
+
+// PartitionSweepSQL is the retention deletes as the partitioned layout runs
+// them, on the partitions of one hash bound (partitions.go).
+func PartitionSweepSQL(payloads, bodies, attempts string) map[string]string {
+	return map[string]string{
+		"expiredPayloads": deleteExpiredPayloadsSQL(payloads),
+		"expiredAttempts": deleteExpiredAttemptsFrom(bodies, attempts),
+		"expiredBodies":   deleteExpiredBodiesFrom(bodies),
+	}
+}

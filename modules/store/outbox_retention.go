@@ -31,11 +31,15 @@ const noneInFlight = `NOT EXISTS (SELECT FROM outbox_messages f
                      AND f.status NOT IN ('delivered', 'dead') OFFSET 0)`
 
 // expiredBodies is the janitor's candidate scan: bodies expired at $1 with
-// no message in flight, oldest expiry first along the partial index.
-const expiredBodies = `
-    SELECT b.tenant_id, b.event_identity, b.ctid FROM outbound_bodies b
+// no message in flight, oldest expiry first along the partial index. bodies
+// is the heap the ctids are of: outbound_bodies, or one of its partitions
+// (partitions.go).
+func expiredBodies(bodies string) string {
+	return `
+    SELECT b.tenant_id, b.event_identity, b.ctid FROM ` + bodies + ` b
     WHERE b.expires_at <= $1 AND ` + noneInFlight + `
     ORDER BY b.expires_at`
+}
 
 // deleteExpiredAttemptsSQL deletes up to $2 attempt rows of the messages of
 // bodies expired at $1. Attempt rows go first, so a body is deleted only
@@ -46,35 +50,43 @@ const expiredBodies = `
 // same statement (see deleteExpiredSQL), and attempt rows of settled
 // messages are no longer written, so only another janitor contends. The
 // LATERAL subqueries with OFFSET 0 keep each step an index lookup per row
-// (no join the planner could turn into a scan of a large table).
-const deleteExpiredAttemptsSQL = `
-DELETE FROM outbox_attempts a
+// (no join the planner could turn into a scan of a large table). In the
+// partitioned layout bodies and attempts are the partitions of one hash
+// bound, which hold the same tenants' rows; a message is reached through
+// its parent table by its tenant.
+func deleteExpiredAttemptsFrom(bodies, attempts string) string {
+	return `
+DELETE FROM ` + attempts + ` a
 WHERE a.ctid = ANY (ARRAY(
     SELECT x.ctid
-    FROM (` + expiredBodies + `
+    FROM (` + expiredBodies(bodies) + `
           OFFSET 0) e
     CROSS JOIN LATERAL (
         SELECT m.message_id FROM outbox_messages m
         WHERE m.tenant_id = e.tenant_id AND m.event_identity = e.event_identity OFFSET 0) m
     CROSS JOIN LATERAL (
-        SELECT x.ctid FROM outbox_attempts x
+        SELECT x.ctid FROM ` + attempts + ` x
         WHERE x.tenant_id = e.tenant_id AND x.message_id = m.message_id OFFSET 0) x
     LIMIT $2))`
+}
+
+var deleteExpiredAttemptsSQL = deleteExpiredAttemptsFrom("outbound_bodies", "outbox_attempts")
 
 // deleteExpiredBodiesSQL deletes up to $2 bodies expired at $1, oldest
 // expiry first, whose messages are all settled and have no attempt rows
 // left. The repeated checks are what a concurrent replay changes (it
 // clears expires_at); a ctid names the same row for the whole statement
-// (see deleteExpiredSQL, which TestPayloadTableIsPlain guards the same way).
+// (see deleteExpiredSQL, which TestRetentionTablesAreHeapsTheDeletesName guards the same way).
 //
 // A body past its expiry with a message still in flight (a replay, or a
 // message waiting on a disabled endpoint) is passed over on every batch
 // until that message settles and raises the expiry again; such bodies are
 // few (the retention is months, a delivery budget hours).
-const deleteExpiredBodiesSQL = `
-DELETE FROM outbound_bodies b
+func deleteExpiredBodiesFrom(bodies string) string {
+	return `
+DELETE FROM ` + bodies + ` b
 WHERE b.ctid = ANY (ARRAY(
-    SELECT e.ctid FROM (` + expiredBodies + `
+    SELECT e.ctid FROM (` + expiredBodies(bodies) + `
                         OFFSET 0) e
     WHERE NOT EXISTS (
         SELECT FROM outbox_messages m
@@ -83,6 +95,9 @@ WHERE b.ctid = ANY (ARRAY(
         WHERE m.tenant_id = e.tenant_id AND m.event_identity = e.event_identity OFFSET 0)
     LIMIT $2))
   AND b.expires_at <= $1 AND ` + noneInFlight
+}
+
+var deleteExpiredBodiesSQL = deleteExpiredBodiesFrom("outbound_bodies")
 
 // OutboundDeleted is one DeleteExpiredOutbound: rows of one kind only.
 type OutboundDeleted struct {
@@ -99,16 +114,47 @@ func (s *Store) DeleteExpiredOutbound(ctx context.Context, now time.Time, batch 
 	if batch < 1 || batch > MaxDeleteBatch || now.IsZero() {
 		return OutboundDeleted{}, newErr(op, ErrInvalid)
 	}
-	var d OutboundDeleted
-	n, err := s.execCount(ctx, deleteExpiredAttemptsSQL, now, batch)
+	groups, err := s.partitions(ctx, "outbound_bodies", "outbox_attempts")
 	if err != nil {
 		return OutboundDeleted{}, classify(ctx, op, err)
 	}
-	if d.Attempts = n; n > 0 {
+	var d OutboundDeleted
+	if groups == nil {
+		n, err := s.execCount(ctx, deleteExpiredAttemptsSQL, now, batch)
+		if err != nil {
+			return OutboundDeleted{}, classify(ctx, op, err)
+		}
+		if d.Attempts = n; n > 0 {
+			return d, nil
+		}
+		if d.Bodies, err = s.execCount(ctx, deleteExpiredBodiesSQL, now, batch); err != nil {
+			return OutboundDeleted{}, classify(ctx, op, err)
+		}
 		return d, nil
 	}
-	if d.Bodies, err = s.execCount(ctx, deleteExpiredBodiesSQL, now, batch); err != nil {
-		return OutboundDeleted{}, classify(ctx, op, err)
+	// As DeleteExpiredPayloads: one partition per statement until the batch
+	// is full, attempt rows of every partition before any body.
+	order := s.sweepOrder(groups)
+	for _, g := range order {
+		n, err := s.execCount(ctx, deleteExpiredAttemptsFrom(g["outbound_bodies"], g["outbox_attempts"]), now, batch-d.Attempts)
+		if err != nil {
+			return d, classify(ctx, op, err)
+		}
+		if d.Attempts += n; d.Attempts == batch {
+			return d, nil
+		}
+	}
+	if d.Attempts > 0 {
+		return d, nil
+	}
+	for _, g := range order {
+		n, err := s.execCount(ctx, deleteExpiredBodiesFrom(g["outbound_bodies"]), now, batch-d.Bodies)
+		if err != nil {
+			return d, classify(ctx, op, err)
+		}
+		if d.Bodies += n; d.Bodies == batch {
+			break
+		}
 	}
 	return d, nil
 }

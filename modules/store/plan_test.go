@@ -5,11 +5,13 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -219,8 +221,27 @@ FROM generate_series($1::int, $2::int - 1) g`,
 func TestHotStatementPlansUseTheirKeys(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	for _, tbl := range planTables {
-		if _, err := f.admin.ExecContext(ctx, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
+	// A partitioned table takes no storage options: its partitions do.
+	rows, err := f.admin.QueryContext(ctx, `SELECT c.oid::regclass::text FROM pg_class c
+WHERE c.relkind = 'r' AND (c.relname = ANY ($1) OR EXISTS (
+    SELECT FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE i.inhrelid = c.oid AND p.relname = ANY ($1)))`, planTablesArray())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heaps []string
+	for rows.Next() {
+		var h string
+		if err := rows.Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		heaps = append(heaps, h)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	for _, h := range heaps {
+		if _, err := f.admin.ExecContext(ctx, `ALTER TABLE `+h+` SET (autovacuum_enabled = off)`); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -243,6 +264,28 @@ func TestHotStatementPlansUseTheirKeys(t *testing.T) {
 			}
 		}},
 	}
+	// In the partitioned layout the statements' tenant t1 lives in one
+	// partition of each table: those are the heaps whose scans must use
+	// the keys (named by their parents); the other partitions, some of them
+	// small enough for a sequential scan, are pruned (checked by
+	// TestHotStatementsTouchOnePartition) and left out. The janitor's
+	// deletes run on t1's partitions, as the store runs them there.
+	partitions := partitionParents(t, f.admin)
+	parents := partitions
+	hot := maps.Clone(store.HotSQL)
+	if len(partitions) > 0 {
+		parents = t1Partitions(t, f.admin, partitions)
+		part := func(table string) string {
+			for child, parent := range parents {
+				if parent == table {
+					return child
+				}
+			}
+			t.Fatalf("no partition of %s holds t1", table)
+			return ""
+		}
+		maps.Copy(hot, store.PartitionSweepSQL(part("inbound_payloads"), part("outbound_bodies"), part("outbox_attempts")))
+	}
 	for _, st := range states {
 		st.prepare()
 		for _, c := range planCases {
@@ -250,9 +293,15 @@ func TestHotStatementPlansUseTheirKeys(t *testing.T) {
 				continue
 			}
 			for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-				plan := explainPlan(t, f.admin, store.HotSQL[c.name], c.args, mode)
+				plan := explainPlan(t, f.admin, hot[c.name], c.args, mode)
+				renamePartitions(plan, partitions, parents)
 				cc := c
-				if st.name != "empty" {
+				// On the partitioned layout the fresh partitions are as
+				// never analyzed as the empty tables, and their parents have
+				// no statistics until an ANALYZE of the parent (autovacuum
+				// analyzes partitions only; docs/scaling.md): the same ties
+				// hold until then.
+				if st.name != "empty" && (st.name != "fresh" || len(partitions) == 0) {
 					cc.emptyTies = nil
 				}
 				for _, problem := range checkPlan(plan, cc) {
@@ -264,6 +313,81 @@ func TestHotStatementPlansUseTheirKeys(t *testing.T) {
 }
 
 func planTablesArray() string { return "{" + strings.Join(planTables, ",") + "}" }
+
+// partitionParents maps each partition, and each partition's index, to its
+// parent table or index (none in the plain layout).
+func partitionParents(t *testing.T, db *sql.DB) map[string]string {
+	t.Helper()
+	rows, err := db.Query(`SELECT c.relname, p.relname FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var child, parent string
+		if err := rows.Scan(&child, &parent); err != nil {
+			t.Fatal(err)
+		}
+		out[child] = parent
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// t1Partitions keeps of parents the partitions that hold tenant t1's rows,
+// and their indexes.
+func t1Partitions(t *testing.T, db *sql.DB, parents map[string]string) map[string]string {
+	t.Helper()
+	rows, err := db.Query(`
+WITH t1 AS (
+    SELECT c.oid FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+    WHERE c.relkind = 'r' AND satisfies_hash_partition(i.inhparent, $1,
+          substring(c.relname FROM '_p([0-9]+)$')::int, 't1'::text))
+SELECT relname FROM pg_class WHERE oid IN (SELECT oid FROM t1)
+UNION ALL
+SELECT x.relname FROM pg_index ix JOIN pg_class x ON x.oid = ix.indexrelid WHERE ix.indrelid IN (SELECT oid FROM t1)`, migrations.Partitions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = parents[name]
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// renamePartitions names each partition and partition index in plan by its
+// parent, so that one expectation holds in both layouts: in the
+// partitioned one, a scan of one partition through its copy of an index is
+// the scan of the table through that index (TestHotStatementsTouchOnePartition
+// checks it is one partition).
+// Of partitions (partitionParents), those not in keep are named by nothing
+// the checks expect.
+func renamePartitions(n map[string]any, partitions, keep map[string]string) {
+	for _, key := range []string{"Relation Name", "Index Name"} {
+		if name, ok := n[key].(string); ok && partitions[name] != "" {
+			n[key] = keep[name]
+		}
+	}
+	kids, _ := n["Plans"].([]any)
+	for _, k := range kids {
+		if m, ok := k.(map[string]any); ok {
+			renamePartitions(m, partitions, keep)
+		}
+	}
+}
 
 // explainPlan prepares query on a connection of its own (a fresh plan for
 // the current table state) and returns EXPLAIN (FORMAT JSON)'s root node.

@@ -23,19 +23,25 @@ const MaxDeleteBatch = 1000
 // the whole statement: the row is live in the statement's snapshot, so no
 // VACUUM can free its slot for a new row until the statement ends; a row
 // another janitor deleted meanwhile is waited for and skipped. That holds for
-// one statement on a plain table only: split into a select and a delete, a
-// freed slot could hold a new live row by the time of the delete, and on a
-// partitioned or inherited table one ctid names a row in every partition
-// (TestPayloadTableIsPlain fails if the table changes kind). The repeated
-// expires_at check keeps even those from deleting a live row.
-const deleteExpiredSQL = `
-DELETE FROM inbound_payloads
+// one statement on one heap only: split into a select and a delete, a freed
+// slot could hold a new live row by the time of the delete, and on a
+// partitioned or inherited table one ctid names a row in every partition.
+// So the statement names one heap: the table in the plain layout, each
+// partition in turn in the partitioned one (partitions.go, which refuses any
+// other shape). The repeated expires_at check keeps even a mistake from
+// deleting a live row.
+func deleteExpiredPayloadsSQL(heap string) string {
+	return `
+DELETE FROM ` + heap + `
 WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM inbound_payloads
+    SELECT ctid FROM ` + heap + `
     WHERE expires_at <= $1
     ORDER BY expires_at
     LIMIT $2))
   AND expires_at <= $1`
+}
+
+var deleteExpiredSQL = deleteExpiredPayloadsSQL("inbound_payloads")
 
 // DeleteExpiredPayloads deletes up to batch (1..MaxDeleteBatch) payloads whose
 // expires_at is at or before now and reports how many went. It touches no
@@ -45,13 +51,29 @@ func (s *Store) DeleteExpiredPayloads(ctx context.Context, now time.Time, batch 
 	if batch < 1 || batch > MaxDeleteBatch || now.IsZero() {
 		return 0, newErr(op, ErrInvalid)
 	}
-	res, err := s.sqlDB().ExecContext(ctx, deleteExpiredSQL, now, batch)
+	groups, err := s.partitions(ctx, "inbound_payloads")
 	if err != nil {
 		return 0, classify(ctx, op, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, classify(ctx, op, err)
+	if groups == nil {
+		n, err := s.execCount(ctx, deleteExpiredSQL, now, batch)
+		if err != nil {
+			return 0, classify(ctx, op, err)
+		}
+		return n, nil
 	}
-	return int(n), nil
+	// Partition by partition, one statement each, until the batch is full:
+	// 0 still means nothing is due anywhere. Oldest first holds within a
+	// partition; the first partition visited rotates.
+	total := 0
+	for _, g := range s.sweepOrder(groups) {
+		n, err := s.execCount(ctx, deleteExpiredPayloadsSQL(g["inbound_payloads"]), now, batch-total)
+		if err != nil {
+			return total, classify(ctx, op, err)
+		}
+		if total += n; total == batch {
+			break
+		}
+	}
+	return total, nil
 }

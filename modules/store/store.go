@@ -76,8 +76,9 @@ func (o Options) withDefaults() Options {
 // Store is the PostgreSQL-backed state of the inbound side. It is safe for
 // concurrent use.
 type Store struct {
-	db   *bun.DB
-	opts Options
+	db    *bun.DB
+	opts  Options
+	parts partitionCache
 }
 
 // Open prepares a pool for dsn. It does not connect: a binary can start while

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
 func TestStreamNeverWritten(t *testing.T) {
@@ -264,15 +266,58 @@ func TestDeleteExpiredPayloads(t *testing.T) {
 	}
 }
 
-// DeleteExpiredPayloads deletes by ctid, which names one row only in a plain
-// table: on a partitioned or inherited one the same ctid exists in every
-// partition. Changing the table's kind must revisit that statement.
-func TestPayloadTableIsPlain(t *testing.T) {
+// DeleteExpiredPayloads and DeleteExpiredOutbound delete by ctid, which
+// names one row only within one heap: on a partitioned or inherited table
+// the same ctid exists in every partition. The plain layout has one heap per
+// table; the partitioned one (storetest.Layout) hash partitions that are
+// plain heaps themselves, which the deletes name one at a time. Any other
+// shape must revisit deleteExpiredSQL and the outbound deletes.
+func TestRetentionTablesAreHeapsTheDeletesName(t *testing.T) {
 	f := newFixture(t)
-	if kind := f.count(`SELECT count(*) FROM pg_class WHERE oid = 'inbound_payloads'::regclass AND relkind = 'r'`); kind != 1 {
-		t.Fatal("inbound_payloads is not a plain table; revisit deleteExpiredSQL (it deletes by ctid)")
+	for _, table := range []string{"inbound_payloads", "outbound_bodies", "outbox_attempts"} {
+		kind := f.count(`SELECT CASE relkind WHEN 'r' THEN 1 WHEN 'p' THEN 2 ELSE 0 END FROM pg_class WHERE oid = $1::regclass`, table)
+		children := f.count(`SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass OR inhrelid = $1::regclass`, table)
+		plainParts := f.count(`SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass AND c.relkind = 'r' AND c.relispartition
+  AND NOT EXISTS (SELECT FROM pg_inherits g WHERE g.inhparent = c.oid)`, table)
+		switch storetest.Layout() {
+		case migrations.LayoutPlain:
+			if kind != 1 || children != 0 {
+				t.Errorf("%s: relkind code %d with %d inheritance links; want one plain heap", table, kind, children)
+			}
+		case migrations.LayoutPartitioned:
+			if kind != 2 || children != migrations.Partitions || plainParts != migrations.Partitions {
+				t.Errorf("%s: relkind code %d, %d children, %d of them plain partitions; want %d plain partitions",
+					table, kind, children, plainParts, migrations.Partitions)
+			}
+		}
 	}
-	if n := f.count(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'inbound_payloads'::regclass OR inhrelid = 'inbound_payloads'::regclass`); n != 0 {
-		t.Fatalf("inbound_payloads has %d inheritance links; revisit deleteExpiredSQL (it deletes by ctid)", n)
+}
+
+// A payload table with an inheritance child is neither layout: the janitor
+// refuses to delete by ctid there rather than guess.
+func TestDeleteExpiredRefusesAnInheritedTable(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.admin.ExecContext(ctx, `CREATE TABLE stray_payloads () INHERITS (inbound_payloads)`); err != nil {
+		if storetest.Layout() == migrations.LayoutPartitioned {
+			// A partitioned table takes no inheritance child; attach a
+			// sub-partitioned partition instead.
+			if _, err := f.admin.ExecContext(ctx, `CREATE TABLE stray_outbound_bodies (LIKE outbound_bodies) PARTITION BY LIST (tenant_id)`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.admin.ExecContext(ctx, `ALTER TABLE outbound_bodies DETACH PARTITION outbound_bodies_p0;
+ALTER TABLE outbound_bodies ATTACH PARTITION stray_outbound_bodies FOR VALUES WITH (MODULUS 8, REMAINDER 0)`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.s.DeleteExpiredOutbound(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
+				t.Fatalf("DeleteExpiredOutbound with a sub-partitioned partition = %v, want ErrInternal", err)
+			}
+			return
+		}
+		t.Fatal(err)
+	}
+	if _, err := f.s.DeleteExpiredPayloads(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
+		t.Fatalf("DeleteExpiredPayloads on an inherited table = %v, want ErrInternal", err)
 	}
 }

@@ -272,6 +272,10 @@ func runMigrateStatus(ctx context.Context, c *cli, path string, args []string) i
 	if st == nil {
 		return code
 	}
+	if db, err := sql.Open("pgx", dsn); err == nil {
+		c.layoutNote(cctx, db)
+		db.Close()
+	}
 	enc := json.NewEncoder(c.Stdout)
 	modified := 0
 	for _, e := range st {
@@ -290,10 +294,24 @@ func runMigrateStatus(ctx context.Context, c *cli, path string, args []string) i
 }
 
 // migrateDryRun prints the migrations migrate would apply, one JSON object a line, and applies nothing.
-func (c *cli) migrateDryRun(ctx context.Context, path, dsn string) int {
+func (c *cli) migrateDryRun(ctx context.Context, path, dsn string, layout migrations.Layout) int {
 	st, code := c.migrationStatus(ctx, path, dsn)
 	if st == nil {
 		return code
+	}
+	if layout != "" {
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			return c.failure(path, "cannot open the database: %v", err)
+		}
+		have, _, err := migrations.CurrentLayout(ctx, db)
+		db.Close()
+		if err != nil {
+			return c.failure(path, "%v", err)
+		}
+		if have != "" && have != layout && hasApplied(st) {
+			return c.failure(path, "%v: it is %s, %s was asked for; migrate would refuse", migrations.ErrLayoutChange, have, layout)
+		}
 	}
 	enc := json.NewEncoder(c.Stdout)
 	pending := 0
@@ -340,4 +358,31 @@ func checkSecretRef(ref string) error {
 func secretRefForeignMessage(ref, tenant string) string {
 	return fmt.Sprintf("refused: secret ref %s is not tenant %s's: another tenant's endpoints name it, "+
 		"and a ref belongs to one tenant; choose another name (docs/operations.md, webhook secrets)", ref, tenant)
+}
+
+func hasApplied(st []migrations.StatusEntry) bool {
+	for _, e := range st {
+		if e.State != migrations.StatePending {
+			return true
+		}
+	}
+	return false
+}
+
+// layoutNote tells the operator the database's layout (migrations/layout.go) on stderr, beside
+// the other notes, so that stdout keeps its format.
+func (c *cli) layoutNote(ctx context.Context, db *sql.DB) {
+	l, recorded, err := migrations.CurrentLayout(ctx, db)
+	switch {
+	case err != nil:
+		fmt.Fprintf(c.Stderr, "note: could not read the layout: %v\n", err)
+	case l == "":
+		fmt.Fprintln(c.Stderr, "layout: none yet (migrate --layout chooses it; plain by default)")
+	case l == migrations.LayoutPartitioned:
+		fmt.Fprintf(c.Stderr, "layout: partitioned (large tables hash-partitioned by tenant_id into %d)\n", migrations.Partitions)
+	case !recorded:
+		fmt.Fprintln(c.Stderr, "layout: plain (migrated before layouts were recorded; the next migrate records it)")
+	default:
+		fmt.Fprintln(c.Stderr, "layout: plain")
+	}
 }

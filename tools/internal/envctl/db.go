@@ -24,8 +24,9 @@ const maxSequence = 1<<53 - 1
 const maxCredentialID = 64
 
 func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--dry-run] [--database-url URL]\n       "+path+" status [--database-url URL]   (each migration's state and checksums)")
+	fs := c.flagSet(path, "[--dry-run] [--layout plain|partitioned] [--database-url URL]\n       "+path+" status [--database-url URL]   (each migration's state and checksums)")
 	dryRun := fs.Bool("dry-run", false, "print the migrations that would be applied, one JSON object a line, and apply none")
+	layoutName := fs.String("layout", "", "the layout of a new database: plain (default) or partitioned (the large tables hash-partitioned by tenant); refused on a database migrated with the other one")
 	d := c.addDBFlags(fs, 5*time.Minute)
 	if done, code := c.parse(fs, path, args); done {
 		return code
@@ -34,10 +35,18 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 	if dsn == "" {
 		return code
 	}
+	var layout migrations.Layout
+	if *layoutName != "" {
+		l, err := migrations.ParseLayout(*layoutName)
+		if err != nil {
+			return c.usageError(path, "--layout must be plain or partitioned")
+		}
+		layout = l
+	}
 	cctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	if *dryRun {
-		return c.migrateDryRun(cctx, path, dsn)
+		return c.migrateDryRun(cctx, path, dsn, layout)
 	}
 	// migrate talks to the database directly rather than through store.Open: the store may expect a
 	// schema that does not exist yet.
@@ -46,13 +55,14 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 		return c.failure(path, "cannot open the database: %v", err)
 	}
 	defer db.Close()
-	applied, err := migrations.Apply(cctx, db)
+	applied, err := migrations.ApplyLayout(cctx, db, layout)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return c.failure(path, "timed out (see --timeout): %v", err)
 		}
 		return c.failure(path, "%v", err)
 	}
+	c.layoutNote(cctx, db)
 	// What the database holds, not what this build embeds: a later release may have migrated it.
 	v, err := migrations.Version(cctx, db)
 	if err != nil {

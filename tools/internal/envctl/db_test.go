@@ -503,3 +503,39 @@ func TestAuditList(t *testing.T) {
 		t.Errorf("a tenant without rows: %q", r.stdout)
 	}
 }
+
+// TestMigrateLayout: --layout chooses the layout of a new database, migrate and migrate status say
+// which it is, and a database migrated with one layout refuses the other, dry run included.
+func TestMigrateLayout(t *testing.T) {
+	part := storetest.NewEmptyDatabase(t)
+	r := run(t, part, "migrate", "--layout", "partitioned")
+	r.expect(t, ExitOK, "layout: partitioned (large tables hash-partitioned by tenant_id into 8)")
+	run(t, part, "migrate", "status").expect(t, ExitOK, "layout: partitioned")
+	// The operator may not read schema_layout; status still tells the layout, from the catalog.
+	run(t, storetest.DSNForRole(part, "envelopeworker_operator"), "migrate", "status").expect(t, ExitOK, "layout: partitioned")
+	// Later migrate Jobs pass no layout and keep it.
+	r = run(t, part, "migrate")
+	r.expect(t, ExitOK, "layout: partitioned")
+	if !strings.HasSuffix(r.stdout, "nothing to apply\n") {
+		t.Errorf("migrate of a current partitioned database: %q", r.stdout)
+	}
+	run(t, part, "migrate", "--layout", "plain").expect(t, ExitFailure, "migrated with another layout; a layout is chosen before the first migration and never changes: it is partitioned, plain was asked for")
+	run(t, part, "migrate", "--dry-run", "--layout", "plain").expect(t, ExitFailure, "it is partitioned, plain was asked for; migrate would refuse")
+	run(t, part, "migrate", "--dry-run", "--layout", "partitioned").expect(t, ExitOK, "dry run: 0 migration(s) would be applied")
+
+	plain := storetest.NewEmptyDatabase(t)
+	run(t, plain, "migrate", "status").expect(t, ExitOK, "layout: none yet")
+	run(t, plain, "migrate", "--dry-run", "--layout", "partitioned").expect(t, ExitOK, "would be applied")
+	run(t, plain, "migrate").expect(t, ExitOK, "layout: plain")
+	run(t, plain, "migrate", "--layout", "partitioned").expect(t, ExitFailure, "it is plain, partitioned was asked for")
+	run(t, plain, "migrate", "status").expect(t, ExitOK, "layout: plain")
+	db := storetest.Open(t, plain).DB().DB
+	var kind string
+	if err := db.QueryRow(`SELECT relkind::text FROM pg_class WHERE relname = 'event_identities'`).Scan(&kind); err != nil || kind != "r" {
+		t.Fatalf("event_identities after a refused change: relkind %q, %v; want r", kind, err)
+	}
+
+	for _, bad := range []string{"sharded", "Partitioned", "plain,partitioned"} {
+		run(t, plain, "migrate", "--layout="+bad).expect(t, ExitUsage, "--layout must be plain or partitioned")
+	}
+}

@@ -4,7 +4,7 @@
 //
 // Commands (contract §6, plus additions marked +):
 //
-//	envctl migrate [--dry-run]                                           (+ --dry-run)
+//	envctl migrate [--dry-run] [--layout plain|partitioned]               (+ --dry-run)
 //	envctl migrate status                                                (+)
 //	envctl credential issue --tenant T --account A --device D --role device|service|operator
 //	envctl credential list --tenant T [--limit N] [--after ID]           (+)

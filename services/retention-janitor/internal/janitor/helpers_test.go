@@ -65,15 +65,26 @@ func (f *fixture) count(t testing.TB, q string, args ...any) int64 {
 // expire in a day. Set-based SQL keeps 100,000 rows to seconds.
 func (f *fixture) seed(t testing.TB, from, to, expired int64) {
 	t.Helper()
+	f.seedTenants(t, from, to, expired, 1)
+}
+
+// seedTenants is seed with row i under tenant "t" + i % tenants (t1 when
+// tenants is 1), so that the partitioned layout spreads the rows over its
+// partitions.
+func (f *fixture) seedTenants(t testing.TB, from, to, expired, tenants int64) {
+	t.Helper()
 	f.exec(t, `INSERT INTO event_identities
 		(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at)
-		SELECT 't1', sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
-		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to)
+		SELECT `+seedTenant+`, sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, tenants)
 	f.exec(t, `INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
-		SELECT 't1', sha256(('e' || i)::bytea), convert_to('{"sequence":' || i || '}', 'UTF8'),
-		       CASE WHEN i < $1::bigint + $3::bigint THEN now() - interval '1 day' ELSE now() + interval '1 day' END
-		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, expired)
+		SELECT `+seedTenant+`, sha256(('e' || i)::bytea), convert_to('{"sequence":' || i || '}', 'UTF8'),
+		       CASE WHEN i < $1::bigint + $4::bigint THEN now() - interval '1 day' ELSE now() + interval '1 day' END
+		FROM generate_series($1::bigint, $2::bigint) AS i`, from, to, tenants, expired)
 }
+
+// seedTenant is row i's tenant of seedTenants ($3: the number of tenants).
+const seedTenant = `(CASE WHEN $3::bigint = 1 THEN 't1' ELSE 't' || (i % $3::bigint) END)`
 
 // seedOutbound adds outbound envelopes from..to of tenant t1, each with one
 // message of endpoint ep1 and two attempt rows, and a body: delivered a day

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -148,13 +149,20 @@ func TestTwoSweepsAtOnceDeleteEachRowOnce(t *testing.T) {
 // rows must land in freed slots: every live row, old or new, must survive,
 // and every expired row go exactly once. Within one statement a slot cannot
 // change hands; this guards the store against a delete that would pick its
-// batch and delete it in two statements, where one can.
+// batch and delete it in two statements, where one can. The rows belong to
+// 16 tenants: in the partitioned layout (storetest.Layout) they spread over
+// the partitions, where one ctid names a row in each, and the store must
+// delete partition by partition.
 func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.seed(t, 1, 20_000, 15_000)
+	const tenants = 16
+	f.seedTenants(t, 1, 20_000, 15_000, tenants)
+	if heaps := f.count(t, `SELECT count(DISTINCT tableoid) FROM inbound_payloads`); (storetest.Layout() == migrations.LayoutPartitioned) != (heaps > 1) {
+		t.Fatalf("payloads in %d heaps in the %s layout", heaps, storetest.Layout())
+	}
 	// The expired rows' slots, to tell afterwards which new rows took one.
-	f.exec(t, `CREATE TABLE expired_slots AS SELECT ctid AS slot FROM inbound_payloads WHERE expires_at <= now()`)
+	f.exec(t, `CREATE TABLE expired_slots AS SELECT tableoid AS heap, ctid AS slot FROM inbound_payloads WHERE expires_at <= now()`)
 	stores := []Deleter{storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN)}
 	// The helpers stop between statements, never by cancelling one: a
 	// cancelled statement can still commit on the server after the client
@@ -192,11 +200,11 @@ func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
 			_, err := f.admin.ExecContext(ctx, `WITH ids AS (
 				INSERT INTO event_identities
 					(tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest, content_digest, key_id, issued_at)
-				SELECT 't1', sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
+				SELECT 't' || (i % $2::bigint), sha256(('e' || i)::bytea), 'p1', 'd1', i, sha256(('i' || i)::bytea), sha256(('c' || i)::bytea), 'k-old', now()
 				FROM generate_series($1::bigint, $1::bigint + 19) AS i
-				RETURNING event_identity, sequence)
+				RETURNING tenant_id, event_identity, sequence)
 				INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
-				SELECT 't1', event_identity, convert_to('{"sequence":' || sequence || '}', 'UTF8'), now() + interval '1 day' FROM ids`, next)
+				SELECT tenant_id, event_identity, convert_to('{"sequence":' || sequence || '}', 'UTF8'), now() + interval '1 day' FROM ids`, next, tenants)
 			if err != nil {
 				bgErr <- fmt.Errorf("insert live payloads: %w", err)
 				return
@@ -233,7 +241,7 @@ func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
 	inserted := f.count(t, `SELECT count(*) FROM event_identities WHERE sequence > 20000`)
 	// New rows at an expired row's address took a slot VACUUM freed.
 	reused := f.count(t, `SELECT count(*) FROM inbound_payloads p JOIN event_identities e USING (tenant_id, event_identity)
-		WHERE e.sequence > 20000 AND p.ctid IN (SELECT slot FROM expired_slots)`)
+		WHERE e.sequence > 20000 AND (p.tableoid, p.ctid) IN (SELECT heap, slot FROM expired_slots)`)
 	if vacuums == 0 || reused == 0 {
 		t.Fatalf("the sweeps ran beside %d VACUUMs and %d new rows, %d of them in freed slots; the test needs both", vacuums, inserted, reused)
 	}
