@@ -35,6 +35,9 @@ const (
 	OutcomeAccepted  Outcome = "accepted"
 	OutcomeDuplicate Outcome = "duplicate"
 	OutcomeRefused   Outcome = "refused"
+	// OutcomeReplayed is the audit outcome of a dead-letter replay (§4); no
+	// envelope answer carries it.
+	OutcomeReplayed Outcome = "replayed"
 )
 
 // Reason is a stable refusal code. The values are part of the wire format.
@@ -71,9 +74,19 @@ const (
 	ReasonMethodNotAllowed       Reason = "method_not_allowed"
 )
 
-// Status is the HTTP status the contract gives reason on the inbound
-// routes; the empty reason (accepted, duplicate) is 200. An unknown reason
-// is 500: a programming error must not be guessed into a refusal.
+// The refusal codes only the outbox and dead-letter routes give (§4, §7.10,
+// §8.9).
+const (
+	ReasonNoSigningKey   Reason = "no_signing_key"
+	ReasonNoEndpoint     Reason = "no_endpoint"
+	ReasonNotDead        Reason = "not_dead"
+	ReasonPayloadExpired Reason = "payload_expired"
+)
+
+// Status is the HTTP status the contract gives reason, on every route: the
+// one table of reason to status. The empty reason (accepted, duplicate) is
+// 200. An unknown reason is 500: a programming error must not be guessed
+// into a refusal.
 func (r Reason) Status() int {
 	switch r {
 	case "":
@@ -85,9 +98,10 @@ func (r Reason) Status() int {
 		return http.StatusUnauthorized
 	case ReasonRouteMismatch, ReasonUnknownKey, ReasonKeyRetired, ReasonKeyRevoked, ReasonBadSignature, ReasonForbidden:
 		return http.StatusForbidden
-	case ReasonEventConflict, ReasonSequenceConflict, ReasonBelowReplayFloor, ReasonSequenceTooFarAhead:
+	case ReasonEventConflict, ReasonSequenceConflict, ReasonBelowReplayFloor, ReasonSequenceTooFarAhead,
+		ReasonNotDead, ReasonPayloadExpired:
 		return http.StatusConflict
-	case ReasonIdempotencyConflict:
+	case ReasonIdempotencyConflict, ReasonNoSigningKey, ReasonNoEndpoint:
 		return http.StatusUnprocessableEntity
 	case ReasonBodyTooLarge:
 		return http.StatusRequestEntityTooLarge

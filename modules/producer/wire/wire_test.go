@@ -19,6 +19,8 @@ var contractStatus = map[Reason]int{
 	"rate_limited":         429,
 	"unavailable":          503,
 	"not_found":            404, "method_not_allowed": 405,
+	// §4, §7.10, §8.9: the outbox and dead-letter routes.
+	"no_signing_key": 422, "no_endpoint": 422, "not_dead": 409, "payload_expired": 409,
 }
 
 func TestStatusIsTheContractTable(t *testing.T) {
@@ -27,8 +29,10 @@ func TestStatusIsTheContractTable(t *testing.T) {
 			t.Errorf("%q: %d, want %d", r, got, want)
 		}
 	}
-	if got := Reason("made_up").Status(); got != 500 {
-		t.Errorf("an unknown reason is %d, want 500", got)
+	for _, r := range []Reason{"made_up", "Invalid_Envelope", "invalid_envelope ", "replayed", "accepted"} {
+		if got := r.Status(); got != 500 {
+			t.Errorf("%q is not a reason: %d, want 500", r, got)
+		}
 	}
 }
 

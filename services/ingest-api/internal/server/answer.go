@@ -1,14 +1,12 @@
 package server
 
 import (
-	"net/http"
-
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 )
 
 // The inbound routes' reason codes, outcomes and answer types are defined
 // once, in the producer module's wire package, which producers decode with;
-// these names keep the handlers short. Outbox codes live in outbox.go.
+// these names keep the handlers short.
 const (
 	reasonUnauthenticated        = wire.ReasonUnauthenticated
 	reasonRateLimited            = wire.ReasonRateLimited
@@ -25,6 +23,11 @@ const (
 	reasonInvalidPage            = wire.ReasonInvalidPage
 	reasonNotFound               = wire.ReasonNotFound
 	reasonMethodNotAllowed       = wire.ReasonMethodNotAllowed
+	reasonIdempotencyConflict    = wire.ReasonIdempotencyConflict
+	reasonNoSigningKey           = wire.ReasonNoSigningKey
+	reasonNoEndpoint             = wire.ReasonNoEndpoint
+	reasonNotDead                = wire.ReasonNotDead
+	reasonPayloadExpired         = wire.ReasonPayloadExpired
 )
 
 const (
@@ -39,14 +42,6 @@ type (
 	batchAnswer = wire.BatchAnswer
 )
 
-// statusOf maps a reason code to its HTTP status: the inbound codes as
-// wire.Reason.Status does (contract §2), plus the outbox's own.
-func statusOf(reason wire.Reason) int {
-	switch reason {
-	case reasonNoSigningKey, reasonNoEndpoint:
-		return http.StatusUnprocessableEntity
-	case reasonNotDead, reasonPayloadExpired:
-		return http.StatusConflict
-	}
-	return reason.Status()
-}
+// statusOf maps a reason code to its HTTP status through the one table,
+// wire.Reason.Status, that covers every route's codes.
+func statusOf(reason wire.Reason) int { return reason.Status() }

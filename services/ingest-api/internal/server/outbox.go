@@ -20,17 +20,6 @@ import (
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
-// Outbox reason codes (contract §4).
-const (
-	reasonNoSigningKey        = "no_signing_key"
-	reasonNoEndpoint          = "no_endpoint"
-	reasonIdempotencyConflict = "idempotency_conflict"
-	reasonNotDead             = "not_dead"
-	// reasonPayloadExpired: a replay of a dead letter whose envelope body
-	// the retention-janitor deleted (§8.9).
-	reasonPayloadExpired = "payload_expired"
-)
-
 // outboxRequest is a checked POST /v1/outbox body.
 type outboxRequest struct {
 	ProjectID, Topic, IdempotencyKey, Kind string
@@ -635,7 +624,7 @@ func (s *Server) replayDeadLetter(c echo.Context) error {
 	case err != nil:
 		return s.unavailable(c, "replay_dead_letter", err)
 	}
-	state(c).outcome = store.OutcomeReplayed
+	state(c).outcome = string(wire.OutcomeReplayed)
 	writeJSON(c, http.StatusOK, statusBody(m))
 	return nil
 }
