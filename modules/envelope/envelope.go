@@ -247,11 +247,11 @@ func isEnvelopeMember(k string) bool {
 }
 
 var ruleText = map[string]string{
-	"tenant_id":       "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"project_id":      "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"producer_id":     "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"key_id":          "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"event_id":        "must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+	"tenant_id":       "must match " + IdentityPattern,
+	"project_id":      "must match " + IdentityPattern,
+	"producer_id":     "must match " + IdentityPattern,
+	"key_id":          "must match " + IdentityPattern,
+	"event_id":        "must match " + EventIDPattern,
 	"idempotency_key": "must be 1-255 bytes, each 0x21-0x7E",
 }
 
@@ -259,7 +259,7 @@ func isAlnum(c byte) bool {
 	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
 }
 
-// validIdentity: ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$
+// validIdentity applies IdentityPattern.
 func validIdentity(s []byte) bool {
 	if len(s) == 0 || len(s) > 64 || !isAlnum(s[0]) {
 		return false
@@ -272,7 +272,7 @@ func validIdentity(s []byte) bool {
 	return true
 }
 
-// validEventID: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
+// validEventID applies EventIDPattern.
 func validEventID(s []byte) bool {
 	if len(s) == 0 || len(s) > 128 || !isAlnum(s[0]) {
 		return false

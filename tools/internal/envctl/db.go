@@ -17,9 +17,6 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver for migrate
 )
 
-// maxSequence is the contract's largest sequence (2^53-1); floors live in the same space.
-const maxSequence = 1<<53 - 1
-
 // maxCredentialID is the longest id the store accepts (it issues "cred_" + 24 hex digits).
 const maxCredentialID = 64
 
@@ -366,8 +363,8 @@ func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) 
 		return c.usageError(path, "--floor is required")
 	}
 	floor, err := strconv.ParseInt(*floorText, 10, 64)
-	if err != nil || floor < 0 || floor > maxSequence {
-		return c.usageError(path, "--floor %q must be an integer from 0 to %d", *floorText, int64(maxSequence))
+	if err != nil || floor < 0 || floor > envelope.MaxSequence {
+		return c.usageError(path, "--floor %q must be an integer from 0 to %d", *floorText, int64(envelope.MaxSequence))
 	}
 	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {

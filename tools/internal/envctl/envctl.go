@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -250,17 +250,16 @@ func requireFlags(fs *flag.FlagSet, names ...string) error {
 	return nil
 }
 
-// identityRE is the contract's identity rule (tenant_id, project_id, producer_id, key_id); envctl
-// applies it to account and device ids too, since a device id becomes an envelope's producer_id.
-var identityRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
+// checkIdentities applies the contract's identity rule (tenant_id, project_id, producer_id, key_id)
+// to required flags; envctl applies it to account and device ids too, since a device id becomes an
+// envelope's producer_id.
 func checkIdentities(fs *flag.FlagSet, names ...string) error {
 	for _, n := range names {
 		v := fs.Lookup(n).Value.String()
 		if v == "" {
 			return fmt.Errorf("--%s is required", n)
 		}
-		if !identityRE.MatchString(v) {
+		if !envelope.ValidIdentity(v) {
 			return fmt.Errorf("--%s %q is not a valid identity (1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", n, v)
 		}
 	}

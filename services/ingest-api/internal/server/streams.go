@@ -17,22 +17,6 @@ const (
 	maxPageLimit     = 100
 )
 
-// validIdentity is the contract's identity rule for path parameters:
-// ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$.
-func validIdentity(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		alnum := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9'
-		if !alnum && (i == 0 || ch != '.' && ch != '_' && ch != '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // getStream serves a device its own stream's cursor and replay floor.
 func (s *Server) getStream(c echo.Context) error {
 	id, ok := s.admit(c)
@@ -43,7 +27,7 @@ func (s *Server) getStream(c echo.Context) error {
 	if id.Role != store.RoleDevice || producer != id.DeviceID {
 		return s.refuse(c, reasonForbidden)
 	}
-	if !validIdentity(project) {
+	if !envelope.ValidIdentity(project) {
 		return s.refuse(c, reasonInvalidRequest)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
@@ -73,7 +57,7 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 		return s.refuse(c, reasonForbidden)
 	}
 	project, producer := c.Param("project"), c.Param("producer")
-	if !validIdentity(project) || !validIdentity(producer) {
+	if !envelope.ValidIdentity(project) || !envelope.ValidIdentity(producer) {
 		return s.refuse(c, reasonInvalidRequest)
 	}
 	after, limit, ok := pageParams(c)
