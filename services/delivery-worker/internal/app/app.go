@@ -33,8 +33,8 @@ const backoffJitter = 0.2
 // lets in-flight attempts finish within SHUTDOWN_GRACE, and closes
 // everything. ready, if not nil, receives the bound metrics address once the
 // listener is up (tests bind ":0").
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr)) error {
-	return run(ctx, args, getenv, stdout, stderr, ready, defaultTimeouts)
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(metrics net.Addr)) error {
+	return run(ctx, args, getenv, stdout, ready, defaultTimeouts)
 }
 
 // serverTimeouts bound each connection of the metrics/health listener, as
@@ -49,7 +49,7 @@ type serverTimeouts struct {
 var defaultTimeouts = serverTimeouts{readHeader: 10 * time.Second, read: 30 * time.Second, write: 30 * time.Second, idle: 120 * time.Second}
 
 // run is Run with the listener's timeouts (tests shorten them).
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr), timeouts serverTimeouts) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(metrics net.Addr), timeouts serverTimeouts) error {
 	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err

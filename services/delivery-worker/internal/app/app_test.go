@@ -92,7 +92,7 @@ func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (ad
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
+		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs,
 			func(a net.Addr) { ready <- a.String() }, timeouts)
 	}()
 	select {
@@ -240,11 +240,11 @@ func TestReadyzWithoutDatabase(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, nil)
 	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "WEBHOOK_SECRETS_FILE") {
 		t.Fatalf("-h: %v", err)
 	}
-	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)
+	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL is required") {
 		t.Fatalf("empty env: %v", err)
 	}

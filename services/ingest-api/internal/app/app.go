@@ -28,8 +28,8 @@ import (
 // SHUTDOWN_GRACE), commit what the group committer holds, close the pool.
 // ready, if not nil, receives the bound API and metrics addresses once both
 // listeners are up (tests bind ":0").
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(api, metrics net.Addr)) error {
-	return run(ctx, args, getenv, stdout, stderr, ready, defaultTimeouts)
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(api, metrics net.Addr)) error {
+	return run(ctx, args, getenv, stdout, ready, defaultTimeouts)
 }
 
 // serverTimeouts bound each connection of both listeners. The metrics
@@ -56,7 +56,7 @@ func (t serverTimeouts) server(h http.Handler, errLog *log.Logger) *http.Server 
 }
 
 // run is Run with the listeners' timeouts (tests shorten them).
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(api, metrics net.Addr), timeouts serverTimeouts) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(api, metrics net.Addr), timeouts serverTimeouts) error {
 	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err

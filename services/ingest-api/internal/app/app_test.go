@@ -50,7 +50,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, []string{"--ingest-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "5s"},
-			func(k string) string { return env[k] }, &logs, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} })
+			func(k string) string { return env[k] }, &logs, func(api, metrics net.Addr) { ready <- addrs{api, metrics} })
 	}()
 	var a addrs
 	select {
@@ -84,18 +84,18 @@ func TestRunServesAndShutsDown(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, nil)
 	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "-sync-limit-tokens") {
 		t.Fatalf("-h: %v\n%s", err, stdout.String())
 	}
-	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)
+	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("missing DATABASE_URL: %v", err)
 	}
 	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?sslmode=disable", "INGEST_ADDR": "256.0.0.1:99999"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = Run(ctx, nil, func(k string) string { return env[k] }, io.Discard, io.Discard, nil)
+	err = Run(ctx, nil, func(k string) string { return env[k] }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "listen") {
 		t.Fatalf("bad listen address: %v", err)
 	}
@@ -120,7 +120,7 @@ func TestListenersCutSlowClients(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--ingest-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"},
-			func(k string) string { return env[k] }, io.Discard, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} }, short)
+			func(k string) string { return env[k] }, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} }, short)
 	}()
 	var a addrs
 	select {
