@@ -23,6 +23,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.uber.org/goleak"
 
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -81,11 +82,11 @@ func enqueueMessage(t *testing.T, st *store.Store, tenant, key string) {
 
 func start(t *testing.T, env map[string]string) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
-	return startWith(t, env, defaultTimeouts)
+	return startWith(t, env, httpserve.DefaultTimeouts)
 }
 
 // startWith is start with the listener's timeouts.
-func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (addr string, logs *syncBuffer, stop func() error) {
+func startWith(t *testing.T, env map[string]string, timeouts httpserve.Timeouts) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs = &syncBuffer{}

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -17,6 +16,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve/httpservetest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -105,14 +106,8 @@ func TestRunRefusesBadConfig(t *testing.T) {
 // request headers never end (slow loris) within the header timeout, and an
 // idle keep-alive connection within the idle timeout.
 func TestListenersCutSlowClients(t *testing.T) {
-	for name, d := range map[string]time.Duration{"read header": defaultTimeouts.readHeader, "read": defaultTimeouts.read,
-		"write": defaultTimeouts.write, "idle": defaultTimeouts.idle} {
-		if d <= 0 {
-			t.Fatalf("default %s timeout %v: unbounded", name, d)
-		}
-	}
 	env := map[string]string{"DATABASE_URL": storetest.NewDatabase(t)}
-	short := serverTimeouts{readHeader: 300 * time.Millisecond, read: time.Second, write: time.Second, idle: 300 * time.Millisecond}
+	short := httpserve.Timeouts{ReadHeader: 300 * time.Millisecond, Read: time.Second, Write: time.Second, Idle: 300 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type addrs struct{ api, metrics net.Addr }
@@ -128,51 +123,8 @@ func TestListenersCutSlowClients(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("run returned early: %v", err)
 	}
-	// closedWithin fails unless the server closes conn within limit: far
-	// below the defaults, so only the configured timeouts can explain it.
-	const limit = 5 * time.Second
-	closedWithin := func(what string, conn net.Conn) {
-		t.Helper()
-		start := time.Now()
-		_ = conn.SetReadDeadline(start.Add(limit))
-		_, err := io.Copy(io.Discard, conn)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("%s: connection still open after %v", what, limit)
-		}
-		t.Logf("%s: closed after %v", what, time.Since(start).Round(time.Millisecond))
-	}
-	for _, l := range []struct{ name, addr, path string }{{"api", a.api.String(), "/healthz"}, {"metrics", a.metrics.String(), "/metrics"}} {
-		conn, err := net.Dial("tcp", l.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
-			t.Fatal(err)
-		}
-		closedWithin(l.name+" slow headers", conn)
-		conn.Close()
-
-		conn, err = net.Dial("tcp", l.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		br := bufio.NewReader(conn)
-		res, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", l.name, err)
-		}
-		_, _ = io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		if res.StatusCode != 200 || res.Close {
-			t.Fatalf("%s: status %d, close %v; want a kept-alive 200", l.name, res.StatusCode, res.Close)
-		}
-		closedWithin(l.name+" idle keep-alive", conn)
-		conn.Close()
-	}
+	httpservetest.CutsSlowClients(t, a.api.String(), "/healthz")
+	httpservetest.CutsSlowClients(t, a.metrics.String(), "/metrics")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
