@@ -29,3 +29,11 @@ var HotSQL = map[string]string{
 	"expiredBodies":   deleteExpiredBodiesSQL,
 	"backfillBodies":  backfillBodiesSQL,
 }
+
+// SetDigestsEqual replaces the comparison that decides a credential until
+// the returned function restores it.
+func SetDigestsEqual(f func(stored, digest []byte) int) (restore func()) {
+	old := digestsEqual
+	digestsEqual = f
+	return func() { digestsEqual = old }
+}
