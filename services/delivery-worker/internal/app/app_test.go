@@ -153,8 +153,22 @@ func TestRunDeliversAndRotates(t *testing.T) {
 		t.Fatalf("/readyz %d %s", code, body)
 	}
 
+	// Every wait is bounded: a worker that never delivers fails the test
+	// with what it logged, instead of hanging until the test binary's
+	// timeout.
+	const wait = 10 * time.Second
+	next := func(what string) delivery {
+		t.Helper()
+		select {
+		case d := <-got:
+			return d
+		case <-time.After(wait):
+			t.Fatalf("%s: nothing delivered within %v; logs:\n%s", what, wait, logs.String())
+			return delivery{}
+		}
+	}
 	enqueue("first")
-	d := <-got
+	d := next("first delivery")
 	wh1, _ := standardwebhooks.NewWebhook(secret(1))
 	if err := wh1.Verify(d.body, d.h); err != nil {
 		t.Fatalf("first delivery: %v", err)
@@ -162,11 +176,13 @@ func TestRunDeliversAndRotates(t *testing.T) {
 
 	// Rotation: both secrets are current; then only the new one.
 	writeSecrets(secret(1), secret(2))
-	for !strings.Contains(logs.String(), "secrets reloaded") {
-		time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(wait); !strings.Contains(logs.String(), "secrets reloaded"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("secrets not reloaded within %v; logs:\n%s", wait, logs.String())
+		}
 	}
 	enqueue("second")
-	d = <-got
+	d = next("second delivery")
 	wh2, _ := standardwebhooks.NewWebhook(secret(2))
 	if err := wh1.Verify(d.body, d.h); err != nil {
 		t.Fatalf("rotation: old secret refuses: %v", err)
@@ -183,7 +199,7 @@ func TestRunDeliversAndRotates(t *testing.T) {
 	// the rest of its metrics.
 	const delivered = `envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`
 	var metrics string
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	for deadline := time.Now().Add(wait); ; {
 		var n int
 		if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
 			t.Fatal(err)
