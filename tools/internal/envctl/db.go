@@ -186,35 +186,23 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 }
 
 func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --id ID")
-	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "credential id, as printed by credential issue (required)")
-	d := c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
+	o := c.objectFlags(path, "--tenant T --id ID", "a credential id", "credential id, as printed by credential issue", maxCredentialID)
+	tenant, id, done, code := o.parse(c, path, args)
+	if done {
 		return code
 	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return c.usageError(path, "%v", err)
-	}
-	if *id == "" {
-		return c.usageError(path, "--id is required")
-	}
-	if len(*id) > maxCredentialID {
-		return c.usageError(path, "--id is longer than %d bytes: not a credential id", maxCredentialID)
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
 	if s == nil {
 		return code
 	}
 	defer cancel()
-	tenant := fs.Lookup("tenant").Value.String()
-	if err := s.RevokeCredential(cctx, tenant, *id); err != nil {
+	if err := s.RevokeCredential(cctx, tenant, id); err != nil {
 		if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
-			return c.failure(path, "no credential %q in tenant %s", *id, tenant)
+			return c.failure(path, "no credential %q in tenant %s", id, tenant)
 		}
 		return c.storeFailure(path, err)
 	}
-	fmt.Fprintf(c.Stdout, "revoked credential %s\n", *id)
+	fmt.Fprintf(c.Stdout, "revoked credential %s\n", id)
 	return ExitOK
 }
 

@@ -266,6 +266,40 @@ func checkIdentities(fs *flag.FlagSet, names ...string) error {
 	return nil
 }
 
+// objectFlags are the flags of a command on one object of a tenant: --tenant T --id X and the
+// database flags. A command may add its own to fs before parse.
+type objectFlags struct {
+	fs   *flag.FlagSet
+	db   *dbFlags
+	id   *string
+	kind string // what the id names, for the refusal of one too long: "an endpoint id"
+	max  int
+}
+
+func (c *cli) objectFlags(path, synopsis, kind, idHelp string, max int) *objectFlags {
+	fs := c.flagSet(path, synopsis)
+	fs.String("tenant", "", "tenant id (required)")
+	return &objectFlags{fs: fs, id: fs.String("id", "", idHelp+" (required)"), db: c.addDBFlags(fs, time.Minute), kind: kind, max: max}
+}
+
+// parse parses args and checks --tenant and --id; done reports an answer already given (-h or a
+// usage error) with its exit code.
+func (o *objectFlags) parse(c *cli, path string, args []string) (tenant, id string, done bool, code int) {
+	if done, code := c.parse(o.fs, path, args); done {
+		return "", "", true, code
+	}
+	if err := checkIdentities(o.fs, "tenant"); err != nil {
+		return "", "", true, c.usageError(path, "%v", err)
+	}
+	if *o.id == "" {
+		return "", "", true, c.usageError(path, "--id is required")
+	}
+	if len(*o.id) > o.max {
+		return "", "", true, c.usageError(path, "--id is longer than %d bytes: not %s", o.max, o.kind)
+	}
+	return o.fs.Lookup("tenant").Value.String(), *o.id, false, ExitOK
+}
+
 // dbFlags are shared by every database command.
 type dbFlags struct {
 	url     string

@@ -78,35 +78,18 @@ func runEndpointDisable(ctx context.Context, c *cli, path string, args []string)
 // disabledByOperator is the disabled_reason of `endpoint disable`, next to the worker's http_410.
 const disabledByOperator = "operator"
 
-func endpointFlags(c *cli, path string) (*dbFlags, func(args []string) (tenant, id string, done bool, code int)) {
-	fs := c.flagSet(path, "--tenant T --id E")
-	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "endpoint id, as printed by endpoint add (required)")
-	d := c.addDBFlags(fs, time.Minute)
-	return d, func(args []string) (string, string, bool, int) {
-		if done, code := c.parse(fs, path, args); done {
-			return "", "", true, code
-		}
-		if err := checkIdentities(fs, "tenant"); err != nil {
-			return "", "", true, c.usageError(path, "%v", err)
-		}
-		if *id == "" {
-			return "", "", true, c.usageError(path, "--id is required")
-		}
-		if len(*id) > maxObjectID {
-			return "", "", true, c.usageError(path, "--id is longer than %d bytes: not an endpoint id", maxObjectID)
-		}
-		return fs.Lookup("tenant").Value.String(), *id, false, ExitOK
-	}
+// endpointFlags are --tenant T --id E of the endpoint commands.
+func endpointFlags(c *cli, path, synopsis string) *objectFlags {
+	return c.objectFlags(path, synopsis, "an endpoint id", "endpoint id, as printed by endpoint add", maxObjectID)
 }
 
 func endpointTransition(ctx context.Context, c *cli, path string, args []string, state store.EndpointState) int {
-	d, parse := endpointFlags(c, path)
-	tenant, id, done, code := parse(args)
+	o := endpointFlags(c, path, "--tenant T --id E")
+	tenant, id, done, code := o.parse(c, path, args)
 	if done {
 		return code
 	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
 	if s == nil {
 		return code
 	}
@@ -156,12 +139,12 @@ type endpointLine struct {
 }
 
 func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
-	d, parse := endpointFlags(c, path)
-	tenant, id, done, code := parse(args)
+	o := endpointFlags(c, path, "--tenant T --id E")
+	tenant, id, done, code := o.parse(c, path, args)
 	if done {
 		return code
 	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
 	if s == nil {
 		return code
 	}
@@ -519,23 +502,9 @@ walk:
 
 // messageFlags parses --tenant T --id M of the outbox commands.
 func messageFlags(c *cli, path string, args []string) (d *dbFlags, tenant, id string, done bool, code int) {
-	fs := c.flagSet(path, "--tenant T --id M")
-	fs.String("tenant", "", "tenant id (required)")
-	msg := fs.String("id", "", "message id, as POST /v1/outbox answered it or dlq list prints it (required)")
-	d = c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return nil, "", "", true, code
-	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return nil, "", "", true, c.usageError(path, "%v", err)
-	}
-	if *msg == "" {
-		return nil, "", "", true, c.usageError(path, "--id is required")
-	}
-	if len(*msg) > maxObjectID {
-		return nil, "", "", true, c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
-	}
-	return d, fs.Lookup("tenant").Value.String(), *msg, false, ExitOK
+	o := c.objectFlags(path, "--tenant T --id M", "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
+	tenant, id, done, code = o.parse(c, path, args)
+	return o.db, tenant, id, done, code
 }
 
 func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
