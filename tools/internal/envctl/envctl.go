@@ -300,6 +300,29 @@ func (o *objectFlags) parse(c *cli, path string, args []string) (tenant, id stri
 	return o.fs.Lookup("tenant").Value.String(), *o.id, false, ExitOK
 }
 
+// run parses args, opens the store and calls fn on the object --tenant/--id name. A store.ErrNotFound
+// from fn is "no NOUN ID in tenant T", any other error the store's failure; otherwise fn's code.
+func (o *objectFlags) run(ctx context.Context, c *cli, path string, args []string, noun string,
+	fn func(ctx context.Context, s *store.Store, tenant, id string) (int, error)) int {
+	tenant, id, done, code := o.parse(c, path, args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	code, err := fn(cctx, s, tenant, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.failure(path, "no %s %q in tenant %s", noun, id, tenant)
+	case err != nil:
+		return c.storeFailure(path, err)
+	}
+	return code
+}
+
 // dbFlags are shared by every database command.
 type dbFlags struct {
 	url     string

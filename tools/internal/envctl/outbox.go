@@ -139,24 +139,13 @@ type endpointLine struct {
 }
 
 func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
-	o := endpointFlags(c, path, "--tenant T --id E")
-	tenant, id, done, code := o.parse(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, o.db)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	e, err := s.GetEndpoint(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
+	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		e, err := s.GetEndpoint(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	return c.printJSON(path, newEndpointLine(e))
+		return c.printJSON(path, newEndpointLine(e)), nil
+	})
 }
 
 func newEndpointLine(e store.Endpoint) endpointLine {
@@ -500,31 +489,19 @@ walk:
 	return ExitOK
 }
 
-// messageFlags parses --tenant T --id M of the outbox commands.
-func messageFlags(c *cli, path string, args []string) (d *dbFlags, tenant, id string, done bool, code int) {
-	o := c.objectFlags(path, "--tenant T --id M", "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
-	tenant, id, done, code = o.parse(c, path, args)
-	return o.db, tenant, id, done, code
+// messageFlags are --tenant T --id M of the outbox commands.
+func messageFlags(c *cli, path string) *objectFlags {
+	return c.objectFlags(path, "--tenant T --id M", "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
 }
 
 func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
-	d, tenant, id, done, code := messageFlags(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	m, err := s.OutboxMessage(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no message %q in tenant %s", id, tenant)
+	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		m, err := s.OutboxMessage(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	return c.printJSON(path, newStatusLine(m))
+		return c.printJSON(path, newStatusLine(m)), nil
+	})
 }
 
 // attemptLine is one line of `outbox attempts`: an entry of GET /v1/outbox/{id}/attempts (contract
@@ -539,39 +516,29 @@ type attemptLine struct {
 }
 
 func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) int {
-	d, tenant, id, done, code := messageFlags(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	as, err := s.OutboxAttempts(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no message %q in tenant %s", id, tenant)
+	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		as, err := s.OutboxAttempts(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	enc := json.NewEncoder(c.Stdout)
-	for _, a := range as {
-		line := attemptLine{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
-			ErrorCode: orNull(a.ErrorCode), Result: string(a.Result)}
-		if a.HTTPStatus != 0 {
-			status := a.HTTPStatus
-			line.HTTPStatus = &status
+		enc := json.NewEncoder(c.Stdout)
+		for _, a := range as {
+			line := attemptLine{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+				ErrorCode: orNull(a.ErrorCode), Result: string(a.Result)}
+			if a.HTTPStatus != 0 {
+				status := a.HTTPStatus
+				line.HTTPStatus = &status
+			}
+			if err := enc.Encode(line); err != nil {
+				return c.failure(path, "write: %v", err), nil
+			}
 		}
-		if err := enc.Encode(line); err != nil {
-			return c.failure(path, "write: %v", err)
+		if len(as) == 0 {
+			// stdout stays empty (no attempt, no line); say why on stderr.
+			fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
 		}
-	}
-	if len(as) == 0 {
-		// stdout stays empty (no attempt, no line); say why on stderr.
-		fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
-	}
-	return ExitOK
+		return ExitOK, nil
+	})
 }
 
 // runOutboxBackfillBodies moves the bodies releases before migration 0008
