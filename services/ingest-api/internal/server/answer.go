@@ -36,6 +36,16 @@ const (
 	outcomeRefused   = wire.OutcomeRefused
 )
 
+// The outcomes the access log and the requests metric give answers that
+// are not envelope answers (health, reads, enqueues): with the wire
+// outcomes, the closed set of that metric's outcome label.
+const (
+	outcomeOK       = "ok"
+	outcomeRead     = "read"
+	outcomeCreated  = "created"
+	outcomeRepeated = "repeated"
+)
+
 type (
 	answer      = wire.Answer
 	batchResult = wire.BatchResult

@@ -203,9 +203,9 @@ func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
 		return enqueueReply{}, err
 	}
 	res := a.Result
-	rep := enqueueReply{status: http.StatusCreated, outcome: "created"}
+	rep := enqueueReply{status: http.StatusCreated, outcome: outcomeCreated}
 	if !res.Created {
-		rep.status, rep.outcome = http.StatusOK, "repeated"
+		rep.status, rep.outcome = http.StatusOK, outcomeRepeated
 	}
 	ids := res.MessageIDs
 	if ids == nil {
@@ -481,7 +481,7 @@ func serveTenantRead(s *Server, c echo.Context, what string, read func(ctx conte
 	if err != nil {
 		return s.unavailable(c, what, err)
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeJSON(c, http.StatusOK, body)
 	return nil
 }
@@ -595,7 +595,7 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 			ErrorCode: d.ErrorCode, CreatedAt: formatTime(d.CreatedAt), DeadAt: formatTime(d.DeadAt),
 		})
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeJSON(c, http.StatusOK, page)
 	return nil
 }

@@ -37,7 +37,7 @@ func (s *Server) getStream(c echo.Context) error {
 		return s.unavailable(c, "stream", err)
 	}
 	st := state(c)
-	st.outcome = "read"
+	st.outcome = outcomeRead
 	writeJSON(c, http.StatusOK, wire.StreamState{Cursor: ss.Cursor, ReplayFloor: ss.ReplayFloor})
 	return nil
 }
@@ -70,7 +70,7 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 	if err != nil {
 		return s.unavailable(c, "read_stream", err)
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeStreamPage(c.Response(), rows, cursor)
 	return nil
 }
