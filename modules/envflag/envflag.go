@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +75,26 @@ func Parse(name, about string, settings []Setting, args []string, getenv func(st
 		return fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
 	}
 	return nil
+}
+
+// LogLevelHelp is the help line of LOG_LEVEL, which every binary has.
+const LogLevelHelp = "debug, info, warn or error"
+
+// ParseLogLevel is LOG_LEVEL's rule: exactly debug, info, warn or error
+// (slog would also take "INFO" or "warn+2"), as the slog level the logger
+// is built with. The error wraps ErrInvalid.
+func ParseLogLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("%w: LOG_LEVEL must be debug, info, warn or error", ErrInvalid)
 }
 
 // String is a text setting.

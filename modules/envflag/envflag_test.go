@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,20 @@ func TestHelpShowsDocumentedDefaultsNeverTheEnvironment(t *testing.T) {
 	for _, line := range strings.Split(text, "\n") {
 		if strings.Contains(line, "FOLLOWS_COUNT") && strings.Contains(line, "(default") {
 			t.Errorf("an inherited setting shows a default: %q", line)
+		}
+	}
+}
+
+func TestParseLogLevel(t *testing.T) {
+	for s, want := range map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError} {
+		if got, err := ParseLogLevel(s); err != nil || got != want {
+			t.Errorf("%q: %v, %v", s, got, err)
+		}
+	}
+	// slog's own parser takes these; the setting does not.
+	for _, s := range []string{"", "INFO", "warn+2", "warning", "trace", "loud"} {
+		if _, err := ParseLogLevel(s); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "LOG_LEVEL must be debug, info, warn or error") {
+			t.Errorf("%q: %v, want ErrInvalid naming LOG_LEVEL", s, err)
 		}
 	}
 }

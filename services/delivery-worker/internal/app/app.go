@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -44,9 +45,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
+	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
 

@@ -98,7 +98,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		envflag.Var("SHUTDOWN_GRACE", "time in-flight attempts may take to finish after SIGTERM", envflag.Duration(&c.ShutdownGrace)),
 		envflag.Var("STORE_TIMEOUT", "deadline of each database operation", envflag.Duration(&c.StoreTimeout)),
 		envflag.Var("DB_MAX_OPEN_CONNS", "database connection pool size", envflag.Int(&c.DBMaxOpenConns)),
-		envflag.Var("LOG_LEVEL", "debug, info, warn or error", envflag.String(&c.LogLevel)),
+		envflag.Var("LOG_LEVEL", envflag.LogLevelHelp, envflag.String(&c.LogLevel)),
 		envflag.Var("OUTBOX_PAYLOAD_RETENTION", "how long an outbound envelope's body is kept after its last message was delivered or dead (Go duration, 1s to 87600h)", envflag.Duration(&c.OutboxPayloadRetention)),
 		envflag.Var("PPROF_ENABLED", "serve /debug/pprof/ on the METRICS_ADDR listener (profiling; keep that address private)", envflag.Bool(&c.PprofEnabled)),
 	}
@@ -167,10 +167,8 @@ func (c Config) Validate() error {
 	case c.OutboxPayloadRetention < minOutboxPayloadRetention || c.OutboxPayloadRetention > maxOutboxPayloadRetention:
 		return bad("OUTBOX_PAYLOAD_RETENTION", "must be between 1s and 87600h (10 years)")
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("LOG_LEVEL", "must be debug, info, warn or error")
+	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
+		return err
 	}
 	if _, err := secrets.Load(c.WebhookSecretsFile); err != nil {
 		return fmt.Errorf("%w: WEBHOOK_SECRETS_FILE: %w", ErrInvalid, err)

@@ -100,7 +100,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		envflag.Var("GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", envflag.Duration(&c.GroupCommitWindow)),
 		envflag.Var("GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction, and of POST /v1/outbox requests (at most 100) in one outbox transaction (1 disables grouping)", envflag.Int(&c.GroupCommitMaxItems)),
 		envflag.Var("GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once, for envelopes and for outbox enqueues each (one being decided, the rest waiting for their WAL flush)", envflag.Int(&c.GroupCommitConcurrency)),
-		envflag.Var("LOG_LEVEL", "debug, info, warn or error", envflag.String(&c.LogLevel)),
+		envflag.Var("LOG_LEVEL", envflag.LogLevelHelp, envflag.String(&c.LogLevel)),
 	}
 
 	if err := envflag.Parse("ingest-api", "", settings, args, getenv, out); err != nil {
@@ -167,10 +167,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %s: %w", ErrInvalid, p.names, err)
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("LOG_LEVEL", "must be debug, info, warn or error")
+	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
+		return err
 	}
 	if c.OutboundSigningKeysFile != "" {
 		if err := checkSigningKeysFile(c.OutboundSigningKeysFile); err != nil {

@@ -4,10 +4,10 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/janitor"
 )
@@ -22,9 +22,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("%w: log level: %w", config.ErrInvalid, err)
+	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
+	if err != nil {
+		return err
 	}
 	return janitor.Run(ctx, cfg, slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})))
 }

@@ -94,7 +94,7 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		// Secret: the URL may carry basic-auth credentials.
 		envflag.Var("PUSHGATEWAY_URL", "Prometheus Pushgateway base URL; empty: metrics only in the summary log line", envflag.Secret(&c.PushgatewayURL)),
 		envflag.Var("PUSHGATEWAY_TIMEOUT", "Go duration bounding the metrics push", envflag.String(&pushTimeout)),
-		envflag.Var("LOG_LEVEL", "debug, info, warn or error", envflag.String(&c.LogLevel)),
+		envflag.Var("LOG_LEVEL", envflag.LogLevelHelp, envflag.String(&c.LogLevel)),
 	}
 	if err := envflag.Parse("retention-janitor", "Deletes expired inbound payloads and outbound bodies once and exits.", settings, args, getenv, out); err != nil {
 		return Config{}, err
@@ -132,10 +132,8 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 			return Config{}, fmt.Errorf("%w: PUSHGATEWAY_URL must be an http or https URL", ErrInvalid)
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return Config{}, fmt.Errorf("%w: LOG_LEVEL must be debug, info, warn or error", ErrInvalid)
+	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }

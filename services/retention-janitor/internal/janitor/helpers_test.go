@@ -13,6 +13,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 )
@@ -211,8 +212,8 @@ func runJanitor(t testing.TB, ctx context.Context, env map[string]string, args .
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+	level, err := envflag.ParseLogLevel(cfg.LogLevel)
+	if err != nil {
 		t.Fatal(err)
 	}
 	err = Run(ctx, cfg, slog.New(slog.NewJSONHandler(&stdout, &slog.HandlerOptions{Level: level})))
