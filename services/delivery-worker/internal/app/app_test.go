@@ -101,6 +101,9 @@ func startWith(t *testing.T, env map[string]string, timeouts httpserve.Timeouts)
 	case err := <-errc:
 		cancel()
 		t.Fatalf("Run: %v", err)
+	case <-time.After(time.Minute):
+		cancel()
+		t.Fatalf("the listener is not up within a minute; logs:\n%s", logs.String())
 	}
 	return addr, logs, func() error { cancel(); return <-errc }
 }

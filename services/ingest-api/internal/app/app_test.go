@@ -21,6 +21,10 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
+// startTimeout bounds the wait for Run's listeners: far above a start on a
+// loaded machine, far below the test binary's timeout.
+const startTimeout = time.Minute
+
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func get(t *testing.T, url string) (int, string) {
@@ -58,6 +62,8 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	case a = <-ready:
 	case err := <-done:
 		t.Fatalf("Run returned early: %v", err)
+	case <-time.After(startTimeout):
+		t.Fatalf("listeners not up within %v", startTimeout)
 	}
 	if code, body := get(t, "http://"+a.api.String()+"/readyz"); code != 200 || body != `{"status":"ready"}` {
 		t.Fatalf("readyz %d %s", code, body)
@@ -122,6 +128,8 @@ func TestListenersCutSlowClients(t *testing.T) {
 	case a = <-ready:
 	case err := <-done:
 		t.Fatalf("run returned early: %v", err)
+	case <-time.After(startTimeout):
+		t.Fatalf("listeners not up within %v", startTimeout)
 	}
 	httpservetest.CutsSlowClients(t, a.api.String(), "/healthz")
 	httpservetest.CutsSlowClients(t, a.metrics.String(), "/metrics")
