@@ -187,23 +187,16 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 
 func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
 	o := c.objectFlags(path, "--tenant T --id ID", "a credential id", "credential id, as printed by credential issue", maxCredentialID)
-	tenant, id, done, code := o.parse(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, o.db)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	if err := s.RevokeCredential(cctx, tenant, id); err != nil {
-		if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
-			return c.failure(path, "no credential %q in tenant %s", id, tenant)
+	return o.run(ctx, c, path, args, "credential", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		if err := s.RevokeCredential(ctx, tenant, id); err != nil {
+			if errors.Is(err, store.ErrInvalid) { // an id of no credential's form
+				return c.failure(path, "no credential %q in tenant %s", id, tenant), nil
+			}
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	fmt.Fprintf(c.Stdout, "revoked credential %s\n", id)
-	return ExitOK
+		fmt.Fprintf(c.Stdout, "revoked credential %s\n", id)
+		return ExitOK, nil
+	})
 }
 
 func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {

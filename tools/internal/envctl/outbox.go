@@ -84,37 +84,26 @@ func endpointFlags(c *cli, path, synopsis string) *objectFlags {
 }
 
 func endpointTransition(ctx context.Context, c *cli, path string, args []string, state store.EndpointState) int {
-	o := endpointFlags(c, path, "--tenant T --id E")
-	tenant, id, done, code := o.parse(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, o.db)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	reason := ""
-	if state == store.EndpointDisabled {
-		reason = disabledByOperator
-	}
-	// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
-	// operator's: from then on it is the operator's decision that keeps it off.
-	if err := s.SetEndpointState(cctx, tenant, id, state, reason); err != nil {
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
-		case errors.Is(err, store.ErrTopicFull):
-			// The refusal names the topic; a lookup failure here only loses that detail.
-			if e, gerr := s.GetEndpoint(cctx, tenant, id); gerr == nil {
-				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic))
-			}
-			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err)
+	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		reason := ""
+		if state == store.EndpointDisabled {
+			reason = disabledByOperator
 		}
-		return c.storeFailure(path, err)
-	}
-	fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
-	return ExitOK
+		// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
+		// operator's: from then on it is the operator's decision that keeps it off.
+		if err := s.SetEndpointState(ctx, tenant, id, state, reason); err != nil {
+			if !errors.Is(err, store.ErrTopicFull) {
+				return 0, err
+			}
+			// The refusal names the topic; a lookup failure here only loses that detail.
+			if e, gerr := s.GetEndpoint(ctx, tenant, id); gerr == nil {
+				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic)), nil
+			}
+			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err), nil
+		}
+		fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
+		return ExitOK, nil
+	})
 }
 
 // topicFullMessage is the refusal of `endpoint add` and `endpoint enable` for a topic at the fan-out
