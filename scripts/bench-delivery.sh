@@ -63,18 +63,11 @@ started_pg=0
 admin=""
 db=envelopeworker_bench_delivery_$$ # per run: several runs may share one server
 cleanup() {
-	if [ -n "$admin" ]; then
-		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-	fi
-	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+	release_pg "$db" 0
 }
 trap cleanup EXIT
 
-pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
-eval "$pgenv"
-started_pg=${PG_STARTED_BY_US:-0}
-check_url_dsn "$TEST_DATABASE_URL"
-admin=$TEST_DATABASE_URL
+use_pg
 mkdir -p "$bindir"
 log "building envctl, delivery-worker and loadgen-delivery into .tmp/bin"
 (cd "$root" && go build -o "$bindir/envctl" ./tools/envctl) || die "go build envctl failed"

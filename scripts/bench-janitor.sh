@@ -101,10 +101,7 @@ cleanup() {
 	for p in $loadgen_pid $janitor_pid; do kill -TERM "$p" 2>/dev/null || true; done
 	stop_pidfile "$pidfile" ingest-api
 	rm -f "$work/creds.json" # tokens and seeds of producers whose database is about to go
-	if [ -n "$admin" ] && [ "${BENCH_KEEP_DB:-0}" != 1 ]; then
-		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-	fi
-	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+	release_pg "$db" "${BENCH_KEEP_DB:-0}"
 }
 trap cleanup EXIT
 
@@ -112,14 +109,7 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 now() { date +%s.%N; }
 load_start=$(loadavg)
 
-pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
-eval "$pgenv"
-started_pg=${PG_STARTED_BY_US:-0}
-check_url_dsn "$TEST_DATABASE_URL"
-admin=$TEST_DATABASE_URL
-log "fresh database $db on $(redact "$admin")"
-fresh_db "$admin" "$db"
-dsn=$(dsn_with_db "$admin" "$db")
+use_fresh_db "$db"
 build_bins
 log "building retention-janitor into .tmp/bin"
 (cd "$root" && go build -o "$bindir/retention-janitor" ./services/retention-janitor) || die "go build retention-janitor failed"

@@ -94,10 +94,7 @@ cleanup() {
 	stop_pidfile "$work/ingest-api.pid" ingest-api
 	rm -f "$work/creds.json" "$work/service.token" "$work/service.header" "$work/outbound.seed" \
 		"$work/outbound-keys.json" "$work/webhook.secret" "$work/webhook-secrets.json"
-	if [ -n "$admin" ] && [ "${SOAK_KEEP_DB:-0}" != 1 ]; then
-		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
-	fi
-	if [ "$started_pg" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+	release_pg "$db" "${SOAK_KEEP_DB:-0}"
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
@@ -105,14 +102,7 @@ trap 'exit 143' TERM INT
 loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 load_start=$(loadavg)
 
-pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
-eval "$pgenv"
-started_pg=${PG_STARTED_BY_US:-0}
-check_url_dsn "$TEST_DATABASE_URL"
-admin=$TEST_DATABASE_URL
-log "fresh database $db on $(redact "$admin")"
-fresh_db "$admin" "$db"
-dsn=$(dsn_with_db "$admin" "$db")
+use_fresh_db "$db"
 build_stack_bins
 log "building retention-janitor into .tmp/bin"
 (cd "$root" && go build -o "$bindir/retention-janitor" ./services/retention-janitor) || die "go build retention-janitor failed"

@@ -61,6 +61,35 @@ fresh_db() {
 		die "cannot create database $name"
 }
 
+# use_pg: a PostgreSQL from scripts/pg.sh (the server on 127.0.0.1:5432, TEST_DATABASE_URL's, or a
+# throwaway cluster). Sets admin to its admin DSN and started_pg to 1 when the cluster is ours to stop
+# (release_pg does).
+use_pg() {
+	local pgenv
+	pgenv=$("$root/scripts/pg.sh") || die "scripts/pg.sh could not provide a PostgreSQL"
+	eval "$pgenv"
+	started_pg=${PG_STARTED_BY_US:-0}
+	check_url_dsn "$TEST_DATABASE_URL"
+	admin=$TEST_DATABASE_URL
+}
+
+# use_fresh_db NAME: use_pg, then a fresh database NAME on it; sets dsn to its DSN.
+use_fresh_db() {
+	use_pg
+	log "fresh database $1 on $(redact "$admin")"
+	fresh_db "$admin" "$1"
+	dsn=$(dsn_with_db "$admin" "$1")
+}
+
+# release_pg NAME KEEP: the other end of use_pg, for an EXIT trap: drops database NAME unless KEEP is
+# 1 (quietly: it may never have been made), and stops the cluster if use_pg started it.
+release_pg() {
+	if [ -n "${admin:-}" ] && [ "$2" != 1 ]; then
+		PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null 2>&1 || true
+	fi
+	if [ "${started_pg:-0}" = 1 ]; then "$root/scripts/pg.sh" stop; fi
+}
+
 # ingest_pkg -> the package path of ingest-api's main, wherever the service keeps it.
 ingest_pkg() {
 	local d

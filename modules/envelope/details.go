@@ -92,11 +92,11 @@ func wrapperDetail(member string, r wrapperRule) string {
 
 // ruleText is the rule of each string member of the envelope that has one.
 var ruleText = map[string]string{
-	"tenant_id":       "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"project_id":      "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"producer_id":     "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"key_id":          "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-	"event_id":        "must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+	"tenant_id":       "must match " + IdentityPattern,
+	"project_id":      "must match " + IdentityPattern,
+	"producer_id":     "must match " + IdentityPattern,
+	"key_id":          "must match " + IdentityPattern,
+	"event_id":        "must match " + EventIDPattern,
 	"idempotency_key": "must be 1-255 bytes, each 0x21-0x7E",
 }
 

@@ -250,7 +250,7 @@ func isAlnum(c byte) bool {
 	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
 }
 
-// validIdentity: ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$
+// validIdentity applies IdentityPattern.
 func validIdentity(s []byte) bool {
 	if len(s) == 0 || len(s) > 64 || !isAlnum(s[0]) {
 		return false
@@ -263,7 +263,7 @@ func validIdentity(s []byte) bool {
 	return true
 }
 
-// validEventID: ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
+// validEventID applies EventIDPattern.
 func validEventID(s []byte) bool {
 	if len(s) == 0 || len(s) > 128 || !isAlnum(s[0]) {
 		return false

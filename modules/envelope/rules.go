@@ -3,12 +3,18 @@ package envelope
 // The contract's member rules, exported so other layers (path parameters,
 // envctl flags, the outbox request) apply exactly the rules receivers apply.
 
-// ValidIdentity reports whether s satisfies the identity rule used by
-// tenant_id, project_id, producer_id and key_id:
-// ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$.
+// IdentityPattern is the contract's identity rule (§1) of tenant_id,
+// project_id, producer_id and key_id, as messages and docs quote it;
+// ValidIdentity applies it without a regexp.
+const IdentityPattern = `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`
+
+// EventIDPattern is the contract's event_id rule (§1); ValidEventID applies it.
+const EventIDPattern = `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`
+
+// ValidIdentity reports whether s satisfies IdentityPattern.
 func ValidIdentity(s string) bool { return validIdentity([]byte(s)) }
 
-// ValidEventID reports whether s satisfies ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$.
+// ValidEventID reports whether s satisfies EventIDPattern.
 func ValidEventID(s string) bool { return validEventID([]byte(s)) }
 
 // ValidIdempotencyKey reports whether s is 1-255 bytes, each 0x21-0x7E.

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -58,4 +59,33 @@ func TestExportedRules(t *testing.T) {
 			t.Errorf("%+v: Metadata.Validate %q, Envelope.Validate %q", m, r1, r2)
 		}
 	}
+}
+
+// The patterns other layers quote and the byte checks that apply them say
+// the same thing, so quoting a pattern never promises another rule.
+func TestPatternsAreTheChecks(t *testing.T) {
+	idRE, eventRE := regexp.MustCompile(IdentityPattern), regexp.MustCompile(EventIDPattern)
+	inputs := []string{"", "a", "A9", "a.b_c-d", "a:b", ":a", "-a", "a b", "a\n", "\na", "é", "aé",
+		strings.Repeat("x", 63), strings.Repeat("x", 64), strings.Repeat("x", 65),
+		strings.Repeat("e", 127), strings.Repeat("e", 128), strings.Repeat("e", 129), "e:" + strings.Repeat("1", 126)}
+	for _, s := range inputs {
+		if got, want := ValidIdentity(s), idRE.MatchString(s); got != want {
+			t.Errorf("ValidIdentity(%q) = %v, pattern %v", s, got, want)
+		}
+		if got, want := ValidEventID(s), eventRE.MatchString(s); got != want {
+			t.Errorf("ValidEventID(%q) = %v, pattern %v", s, got, want)
+		}
+	}
+}
+
+func FuzzPatternsAreTheChecks(f *testing.F) {
+	idRE, eventRE := regexp.MustCompile(IdentityPattern), regexp.MustCompile(EventIDPattern)
+	for _, s := range []string{"a", "a:b", "-a", strings.Repeat("x", 64)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if ValidIdentity(s) != idRE.MatchString(s) || ValidEventID(s) != eventRE.MatchString(s) {
+			t.Errorf("%q: checks and patterns disagree", s)
+		}
+	})
 }

@@ -37,6 +37,11 @@ const tokenLen = len(TokenPrefix) + 43 // base64url of 32 bytes, unpadded
 
 func tokenDigest(token string) [32]byte { return sha256.Sum256([]byte(token)) }
 
+// digestsEqual decides every credential: a constant-time comparison of the
+// full stored digest with the token's. It is a variable so that a test can
+// replace it and see that no other comparison lets a token through.
+var digestsEqual = subtle.ConstantTimeCompare
+
 const insertCredentialSQL = `
 INSERT INTO credentials (tenant_id, credential_id, token_digest, account_id, device_id, role)
 VALUES ($1, $2, $3, $4, $5, $6)`
@@ -95,7 +100,7 @@ func (s *Store) VerifyCredential(ctx context.Context, token string) (Identity, e
 		id.Role = Role(role)
 		// The index narrowed the rows; the decision itself is a constant-time
 		// comparison of the full digest.
-		if subtle.ConstantTimeCompare(stored, d[:]) == 1 && found == nil {
+		if digestsEqual(stored, d[:]) == 1 && found == nil {
 			found = &id
 		}
 	}

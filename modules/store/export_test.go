@@ -48,3 +48,11 @@ func PartitionSweepSQL(payloads, bodies, attempts string) map[string]string {
 		"expiredBodies":   deleteExpiredBodiesFrom(bodies),
 	}
 }
+
+// SetDigestsEqual replaces the comparison that decides a credential until
+// the returned function restores it.
+func SetDigestsEqual(f func(stored, digest []byte) int) (restore func()) {
+	old := digestsEqual
+	digestsEqual = f
+	return func() { digestsEqual = old }
+}

@@ -196,9 +196,9 @@ type prepared struct {
 func validActor(a Actor) bool {
 	// Account and device may be empty (an operator action may have neither);
 	// the tenant never is: unauthenticated requests are never audited.
-	return identityRE.MatchString(a.TenantID) &&
-		(a.AccountID == "" || identityRE.MatchString(a.AccountID)) &&
-		(a.DeviceID == "" || identityRE.MatchString(a.DeviceID)) &&
+	return validIdentity(a.TenantID) &&
+		(a.AccountID == "" || validIdentity(a.AccountID)) &&
+		(a.DeviceID == "" || validIdentity(a.DeviceID)) &&
 		correlationRE.MatchString(a.CorrelationID)
 }
 
@@ -216,7 +216,7 @@ func prepareIngest(a Actor, in *IngestInput) (prepared, bool) {
 
 func prepareRefusal(a Actor, e *AuditEntry) (prepared, bool) {
 	if !validActor(a) || !codeRE.MatchString(e.Outcome) || (e.Reason != "" && !codeRE.MatchString(e.Reason)) ||
-		(e.ProjectID != "" && !identityRE.MatchString(e.ProjectID)) {
+		(e.ProjectID != "" && !validIdentity(e.ProjectID)) {
 		return prepared{}, false
 	}
 	if e.EventIdentity != "" {

@@ -3,12 +3,9 @@ package store
 import (
 	"encoding/hex"
 	"regexp"
-)
 
-// The contract's identity rule (§1) for tenant, project, producer, account,
-// device and key ids. The store re-checks it so a caller bug cannot write an
-// identity the HTTP layer would have refused.
-var identityRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
+)
 
 // Outcomes and reasons are short lowercase codes; anything else is a caller bug.
 var codeRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
@@ -16,11 +13,14 @@ var codeRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 // correlationRE bounds correlation ids to printable, log-safe text.
 var correlationRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{0,128}$`)
 
-const maxSequence = 1<<53 - 1
+const maxSequence = envelope.MaxSequence
 
+// validIdentity applies the contract's identity rule (§1) to tenant,
+// project, producer, account, device and key ids. The store re-checks it so
+// a caller bug cannot write an identity the HTTP layer would have refused.
 func validIdentity(ids ...string) bool {
 	for _, id := range ids {
-		if !identityRE.MatchString(id) {
+		if !envelope.ValidIdentity(id) {
 			return false
 		}
 	}

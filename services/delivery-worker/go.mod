@@ -13,6 +13,8 @@ replace (
 require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/httpserve v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
@@ -55,3 +57,7 @@ require (
 )
 
 replace github.com/envelopeworker/envelopeworker/modules/buildinfo => ../../modules/buildinfo
+
+replace github.com/envelopeworker/envelopeworker/modules/envflag => ../../modules/envflag
+
+replace github.com/envelopeworker/envelopeworker/modules/httpserve => ../../modules/httpserve

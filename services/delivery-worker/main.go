@@ -24,7 +24,7 @@ func main() {
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, nil)
+	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, nil)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return

@@ -6,6 +6,8 @@ require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/httpserve v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
@@ -59,6 +61,8 @@ replace (
 	github.com/envelopeworker/envelopeworker/migrations => ../../migrations
 	github.com/envelopeworker/envelopeworker/modules/buildinfo => ../../modules/buildinfo
 	github.com/envelopeworker/envelopeworker/modules/envelope => ../../modules/envelope
+	github.com/envelopeworker/envelopeworker/modules/envflag => ../../modules/envflag
+	github.com/envelopeworker/envelopeworker/modules/httpserve => ../../modules/httpserve
 	github.com/envelopeworker/envelopeworker/modules/limiter => ../../modules/limiter
 	github.com/envelopeworker/envelopeworker/modules/producer => ../../modules/producer
 	github.com/envelopeworker/envelopeworker/modules/receiver => ../../modules/receiver

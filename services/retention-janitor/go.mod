@@ -5,6 +5,7 @@ go 1.26
 require (
 	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
 	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.7.6
@@ -47,3 +48,5 @@ replace (
 )
 
 replace github.com/envelopeworker/envelopeworker/modules/buildinfo => ../../modules/buildinfo
+
+replace github.com/envelopeworker/envelopeworker/modules/envflag => ../../modules/envflag

@@ -1,5 +1,5 @@
 // Command retention-janitor deletes expired inbound payloads once and exits;
-// it runs as a Kubernetes CronJob. See internal/janitor for what it owns and
+// it runs as a Kubernetes CronJob. See internal/janitor for what a run does and
 // retention-janitor -h for its configuration.
 package main
 
@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
-	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/janitor"
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/app"
 )
 
 func main() {
@@ -23,7 +23,7 @@ func main() {
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	err := janitor.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return

@@ -37,6 +37,9 @@ const (
 	OutcomeAccepted  Outcome = "accepted"
 	OutcomeDuplicate Outcome = "duplicate"
 	OutcomeRefused   Outcome = "refused"
+	// OutcomeReplayed is the audit outcome of a dead-letter replay (§4); no
+	// envelope answer carries it.
+	OutcomeReplayed Outcome = "replayed"
 )
 
 // Reason is a stable refusal code. The values are part of the wire format.
@@ -87,12 +90,11 @@ func (r Reason) Status() int {
 		return http.StatusUnauthorized
 	case ReasonRouteMismatch, ReasonUnknownKey, ReasonKeyRetired, ReasonKeyRevoked, ReasonBadSignature, ReasonForbidden:
 		return http.StatusForbidden
-	case ReasonEventConflict, ReasonSequenceConflict, ReasonBelowReplayFloor, ReasonSequenceTooFarAhead:
+	case ReasonEventConflict, ReasonSequenceConflict, ReasonBelowReplayFloor, ReasonSequenceTooFarAhead,
+		ReasonNotDead, ReasonPayloadExpired:
 		return http.StatusConflict
 	case ReasonIdempotencyConflict, ReasonNoSigningKey, ReasonNoEndpoint:
 		return http.StatusUnprocessableEntity
-	case ReasonNotDead, ReasonPayloadExpired:
-		return http.StatusConflict
 	case ReasonBodyTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case ReasonRateLimited:

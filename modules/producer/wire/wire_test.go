@@ -28,8 +28,10 @@ func TestStatusIsTheContractTable(t *testing.T) {
 			t.Errorf("%q: %d, want %d", r, got, want)
 		}
 	}
-	if got := Reason("made_up").Status(); got != 500 {
-		t.Errorf("an unknown reason is %d, want 500", got)
+	for _, r := range []Reason{"made_up", "Invalid_Envelope", "invalid_envelope ", "replayed", "accepted"} {
+		if got := r.Status(); got != 500 {
+			t.Errorf("%q is not a reason: %d, want 500", r, got)
+		}
 	}
 }
 

@@ -103,23 +103,12 @@ func runEndpointList(ctx context.Context, c *cli, path string, args []string) in
 }
 
 func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --id E [--url URL] [--secret-ref NAME]")
-	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "endpoint id, as printed by endpoint add (required)")
-	rawURL := fs.String("url", "", "new URL, checked as by endpoint add")
-	secretRef := fs.String("secret-ref", "", "new secret ref, checked as by endpoint add")
-	d := c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
+	o := endpointFlags(c, path, "--tenant T --id E [--url URL] [--secret-ref NAME]")
+	rawURL := o.fs.String("url", "", "new URL, checked as by endpoint add")
+	secretRef := o.fs.String("secret-ref", "", "new secret ref, checked as by endpoint add")
+	tenant, id, done, code := o.parse(c, path, args)
+	if done {
 		return code
-	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return c.usageError(path, "%v", err)
-	}
-	if *id == "" {
-		return c.usageError(path, "--id is required")
-	}
-	if len(*id) > maxObjectID {
-		return c.usageError(path, "--id is longer than %d bytes: not an endpoint id", maxObjectID)
 	}
 	if *rawURL == "" && *secretRef == "" {
 		return c.usageError(path, "nothing to update: give --url, --secret-ref or both")
@@ -134,16 +123,15 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 			return c.usageError(path, "%v", err)
 		}
 	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
 	if s == nil {
 		return code
 	}
 	defer cancel()
-	tenant := fs.Lookup("tenant").Value.String()
-	if err := s.UpdateEndpoint(cctx, tenant, *id, *rawURL, *secretRef); err != nil {
+	if err := s.UpdateEndpoint(cctx, tenant, id, *rawURL, *secretRef); err != nil {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			return c.failure(path, "no endpoint %q in tenant %s", *id, tenant)
+			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
 		case errors.Is(err, store.ErrSecretRefForeign):
 			return c.failure(path, "%s", secretRefForeignMessage(*secretRef, tenant))
 		case errors.Is(err, store.ErrInvalid):
@@ -151,7 +139,7 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 		}
 		return c.storeFailure(path, err)
 	}
-	e, err := s.GetEndpoint(cctx, tenant, *id)
+	e, err := s.GetEndpoint(cctx, tenant, id)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}

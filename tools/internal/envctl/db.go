@@ -17,9 +17,6 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver for migrate
 )
 
-// maxSequence is the contract's largest sequence (2^53-1); floors live in the same space.
-const maxSequence = 1<<53 - 1
-
 // maxCredentialID is the longest id the store accepts (it issues "cred_" + 24 hex digits).
 const maxCredentialID = 64
 
@@ -199,36 +196,17 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 }
 
 func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --id ID")
-	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "credential id, as printed by credential issue (required)")
-	d := c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return code
-	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return c.usageError(path, "%v", err)
-	}
-	if *id == "" {
-		return c.usageError(path, "--id is required")
-	}
-	if len(*id) > maxCredentialID {
-		return c.usageError(path, "--id is longer than %d bytes: not a credential id", maxCredentialID)
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	tenant := fs.Lookup("tenant").Value.String()
-	if err := s.RevokeCredential(cctx, tenant, *id); err != nil {
-		if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrInvalid) {
-			return c.failure(path, "no credential %q in tenant %s", *id, tenant)
+	o := c.objectFlags(path, "--tenant T --id ID", "a credential id", "credential id, as printed by credential issue", maxCredentialID)
+	return o.run(ctx, c, path, args, "credential", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		if err := s.RevokeCredential(ctx, tenant, id); err != nil {
+			if errors.Is(err, store.ErrInvalid) { // an id of no credential's form
+				return c.failure(path, "no credential %q in tenant %s", id, tenant), nil
+			}
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	fmt.Fprintf(c.Stdout, "revoked credential %s\n", *id)
-	return ExitOK
+		fmt.Fprintf(c.Stdout, "revoked credential %s\n", id)
+		return ExitOK, nil
+	})
 }
 
 func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {
@@ -376,8 +354,8 @@ func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) 
 		return c.usageError(path, "--floor is required")
 	}
 	floor, err := strconv.ParseInt(*floorText, 10, 64)
-	if err != nil || floor < 0 || floor > maxSequence {
-		return c.usageError(path, "--floor %q must be an integer from 0 to %d", *floorText, int64(maxSequence))
+	if err != nil || floor < 0 || floor > envelope.MaxSequence {
+		return c.usageError(path, "--floor %q must be an integer from 0 to %d", *floorText, int64(envelope.MaxSequence))
 	}
 	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
@@ -250,21 +250,77 @@ func requireFlags(fs *flag.FlagSet, names ...string) error {
 	return nil
 }
 
-// identityRE is the contract's identity rule (tenant_id, project_id, producer_id, key_id); envctl
-// applies it to account and device ids too, since a device id becomes an envelope's producer_id.
-var identityRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
+// checkIdentities applies the contract's identity rule (tenant_id, project_id, producer_id, key_id)
+// to required flags; envctl applies it to account and device ids too, since a device id becomes an
+// envelope's producer_id.
 func checkIdentities(fs *flag.FlagSet, names ...string) error {
 	for _, n := range names {
 		v := fs.Lookup(n).Value.String()
 		if v == "" {
 			return fmt.Errorf("--%s is required", n)
 		}
-		if !identityRE.MatchString(v) {
+		if !envelope.ValidIdentity(v) {
 			return fmt.Errorf("--%s %q is not a valid identity (1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", n, v)
 		}
 	}
 	return nil
+}
+
+// objectFlags are the flags of a command on one object of a tenant: --tenant T --id X and the
+// database flags. A command may add its own to fs before parse.
+type objectFlags struct {
+	fs   *flag.FlagSet
+	db   *dbFlags
+	id   *string
+	kind string // what the id names, for the refusal of one too long: "an endpoint id"
+	max  int
+}
+
+func (c *cli) objectFlags(path, synopsis, kind, idHelp string, max int) *objectFlags {
+	fs := c.flagSet(path, synopsis)
+	fs.String("tenant", "", "tenant id (required)")
+	return &objectFlags{fs: fs, id: fs.String("id", "", idHelp+" (required)"), db: c.addDBFlags(fs, time.Minute), kind: kind, max: max}
+}
+
+// parse parses args and checks --tenant and --id; done reports an answer already given (-h or a
+// usage error) with its exit code.
+func (o *objectFlags) parse(c *cli, path string, args []string) (tenant, id string, done bool, code int) {
+	if done, code := c.parse(o.fs, path, args); done {
+		return "", "", true, code
+	}
+	if err := checkIdentities(o.fs, "tenant"); err != nil {
+		return "", "", true, c.usageError(path, "%v", err)
+	}
+	if *o.id == "" {
+		return "", "", true, c.usageError(path, "--id is required")
+	}
+	if len(*o.id) > o.max {
+		return "", "", true, c.usageError(path, "--id is longer than %d bytes: not %s", o.max, o.kind)
+	}
+	return o.fs.Lookup("tenant").Value.String(), *o.id, false, ExitOK
+}
+
+// run parses args, opens the store and calls fn on the object --tenant/--id name. A store.ErrNotFound
+// from fn is "no NOUN ID in tenant T", any other error the store's failure; otherwise fn's code.
+func (o *objectFlags) run(ctx context.Context, c *cli, path string, args []string, noun string,
+	fn func(ctx context.Context, s *store.Store, tenant, id string) (int, error)) int {
+	tenant, id, done, code := o.parse(c, path, args)
+	if done {
+		return code
+	}
+	s, cctx, cancel, code := c.open(ctx, path, o.db)
+	if s == nil {
+		return code
+	}
+	defer cancel()
+	code, err := fn(cctx, s, tenant, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return c.failure(path, "no %s %q in tenant %s", noun, id, tenant)
+	case err != nil:
+		return c.storeFailure(path, err)
+	}
+	return code
 }
 
 // dbFlags are shared by every database command.

@@ -79,60 +79,32 @@ func runEndpointDisable(ctx context.Context, c *cli, path string, args []string)
 // disabledByOperator is the disabled_reason of `endpoint disable`, next to the worker's http_410.
 const disabledByOperator = "operator"
 
-func endpointFlags(c *cli, path string) (*dbFlags, func(args []string) (tenant, id string, done bool, code int)) {
-	fs := c.flagSet(path, "--tenant T --id E")
-	fs.String("tenant", "", "tenant id (required)")
-	id := fs.String("id", "", "endpoint id, as printed by endpoint add (required)")
-	d := c.addDBFlags(fs, time.Minute)
-	return d, func(args []string) (string, string, bool, int) {
-		if done, code := c.parse(fs, path, args); done {
-			return "", "", true, code
-		}
-		if err := checkIdentities(fs, "tenant"); err != nil {
-			return "", "", true, c.usageError(path, "%v", err)
-		}
-		if *id == "" {
-			return "", "", true, c.usageError(path, "--id is required")
-		}
-		if len(*id) > maxObjectID {
-			return "", "", true, c.usageError(path, "--id is longer than %d bytes: not an endpoint id", maxObjectID)
-		}
-		return fs.Lookup("tenant").Value.String(), *id, false, ExitOK
-	}
+// endpointFlags are --tenant T --id E of the endpoint commands.
+func endpointFlags(c *cli, path, synopsis string) *objectFlags {
+	return c.objectFlags(path, synopsis, "an endpoint id", "endpoint id, as printed by endpoint add", maxObjectID)
 }
 
 func endpointTransition(ctx context.Context, c *cli, path string, args []string, state store.EndpointState) int {
-	d, parse := endpointFlags(c, path)
-	tenant, id, done, code := parse(args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	reason := ""
-	if state == store.EndpointDisabled {
-		reason = disabledByOperator
-	}
-	// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
-	// operator's: from then on it is the operator's decision that keeps it off.
-	if err := s.SetEndpointState(cctx, tenant, id, state, reason); err != nil {
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
-		case errors.Is(err, store.ErrTopicFull):
-			// The refusal names the topic; a lookup failure here only loses that detail.
-			if e, gerr := s.GetEndpoint(cctx, tenant, id); gerr == nil {
-				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic))
-			}
-			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err)
+	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		reason := ""
+		if state == store.EndpointDisabled {
+			reason = disabledByOperator
 		}
-		return c.storeFailure(path, err)
-	}
-	fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
-	return ExitOK
+		// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
+		// operator's: from then on it is the operator's decision that keeps it off.
+		if err := s.SetEndpointState(ctx, tenant, id, state, reason); err != nil {
+			if !errors.Is(err, store.ErrTopicFull) {
+				return 0, err
+			}
+			// The refusal names the topic; a lookup failure here only loses that detail.
+			if e, gerr := s.GetEndpoint(ctx, tenant, id); gerr == nil {
+				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic)), nil
+			}
+			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err), nil
+		}
+		fmt.Fprintf(c.Stdout, "endpoint %s in tenant %s is %s\n", id, tenant, state)
+		return ExitOK, nil
+	})
 }
 
 // topicFullMessage is the refusal of `endpoint add` and `endpoint enable` for a topic at the fan-out
@@ -157,24 +129,13 @@ type endpointLine struct {
 }
 
 func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
-	d, parse := endpointFlags(c, path)
-	tenant, id, done, code := parse(args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	e, err := s.GetEndpoint(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
+	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		e, err := s.GetEndpoint(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	return c.printJSON(path, newEndpointLine(e))
+		return c.printJSON(path, newEndpointLine(e)), nil
+	})
 }
 
 func newEndpointLine(e store.Endpoint) endpointLine {
@@ -495,82 +456,46 @@ walk:
 	return ExitOK
 }
 
-// messageFlags parses --tenant T --id M of the outbox commands.
-func messageFlags(c *cli, path string, args []string) (d *dbFlags, tenant, id string, done bool, code int) {
-	fs := c.flagSet(path, "--tenant T --id M")
-	fs.String("tenant", "", "tenant id (required)")
-	msg := fs.String("id", "", "message id, as POST /v1/outbox answered it or dlq list prints it (required)")
-	d = c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return nil, "", "", true, code
-	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return nil, "", "", true, c.usageError(path, "%v", err)
-	}
-	if *msg == "" {
-		return nil, "", "", true, c.usageError(path, "--id is required")
-	}
-	if len(*msg) > maxObjectID {
-		return nil, "", "", true, c.usageError(path, "--id is longer than %d bytes: not a message id", maxObjectID)
-	}
-	return d, fs.Lookup("tenant").Value.String(), *msg, false, ExitOK
+// messageFlags are --tenant T --id M of the outbox commands.
+func messageFlags(c *cli, path string) *objectFlags {
+	return c.objectFlags(path, "--tenant T --id M", "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
 }
 
 func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
-	d, tenant, id, done, code := messageFlags(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	m, err := s.OutboxMessage(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no message %q in tenant %s", id, tenant)
+	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		m, err := s.OutboxMessage(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	return c.printJSON(path, newStatusLine(m))
+		return c.printJSON(path, newStatusLine(m)), nil
+	})
 }
 
 func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) int {
-	d, tenant, id, done, code := messageFlags(c, path, args)
-	if done {
-		return code
-	}
-	s, cctx, cancel, code := c.open(ctx, path, d)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	as, err := s.OutboxAttempts(cctx, tenant, id)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return c.failure(path, "no message %q in tenant %s", id, tenant)
+	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+		as, err := s.OutboxAttempts(ctx, tenant, id)
+		if err != nil {
+			return 0, err
 		}
-		return c.storeFailure(path, err)
-	}
-	enc := json.NewEncoder(c.Stdout)
-	for _, a := range as {
-		// One line is an entry of GET /v1/outbox/{id}/attempts (contract §8.8).
-		line := wire.Attempt{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
-			ErrorCode: orNull(a.ErrorCode), Result: wire.AttemptResult(a.Result)}
-		if a.HTTPStatus != 0 {
-			status := a.HTTPStatus
-			line.HTTPStatus = &status
+		enc := json.NewEncoder(c.Stdout)
+		for _, a := range as {
+			// One line is an entry of GET /v1/outbox/{id}/attempts (contract §8.8).
+			line := wire.Attempt{Attempt: a.Attempt, StartedAt: formatTime(a.StartedAt), DurationMS: a.Duration.Milliseconds(),
+				ErrorCode: orNull(a.ErrorCode), Result: wire.AttemptResult(a.Result)}
+			if a.HTTPStatus != 0 {
+				status := a.HTTPStatus
+				line.HTTPStatus = &status
+			}
+			if err := enc.Encode(line); err != nil {
+				return c.failure(path, "write: %v", err), nil
+			}
 		}
-		if err := enc.Encode(line); err != nil {
-			return c.failure(path, "write: %v", err)
+		if len(as) == 0 {
+			// stdout stays empty (no attempt, no line); say why on stderr.
+			fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
 		}
-	}
-	if len(as) == 0 {
-		// stdout stays empty (no attempt, no line); say why on stderr.
-		fmt.Fprintf(c.Stderr, "message %s has no recorded attempt yet\n", id)
-	}
-	return ExitOK
+		return ExitOK, nil
+	})
 }
 
 // runOutboxBackfillBodies moves the bodies releases before migration 0008

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/config"
@@ -33,30 +35,19 @@ const backoffJitter = 0.2
 // lets in-flight attempts finish within SHUTDOWN_GRACE, and closes
 // everything. ready, if not nil, receives the bound metrics address once the
 // listener is up (tests bind ":0").
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr)) error {
-	return run(ctx, args, getenv, stdout, stderr, ready, defaultTimeouts)
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(metrics net.Addr)) error {
+	return run(ctx, args, getenv, stdout, ready, httpserve.DefaultTimeouts)
 }
-
-// serverTimeouts bound each connection of the metrics/health listener, as
-// ingest-api bounds its listeners: without them a client that sends its
-// headers, or reads the answer, a byte at a time (slow loris) holds a
-// connection and a goroutine for as long as it likes. write leaves room for
-// a /readyz probe (STORE_TIMEOUT, default 5s).
-type serverTimeouts struct {
-	readHeader, read, write, idle time.Duration
-}
-
-var defaultTimeouts = serverTimeouts{readHeader: 10 * time.Second, read: 30 * time.Second, write: 30 * time.Second, idle: 120 * time.Second}
 
 // run is Run with the listener's timeouts (tests shorten them).
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(metrics net.Addr), timeouts serverTimeouts) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(metrics net.Addr), timeouts httpserve.Timeouts) error {
 	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
+	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
 
@@ -119,15 +110,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cfg.PprofEnabled {
 		mountPprof(mux)
 	}
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: timeouts.readHeader,
-		ReadTimeout:       timeouts.read,
-		WriteTimeout:      timeouts.write,
-		IdleTimeout:       timeouts.idle,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	srv := timeouts.Server(mux, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("delivery-worker started", slog.String("metrics_addr", ln.Addr().String()),

@@ -23,6 +23,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.uber.org/goleak"
 
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -81,18 +82,18 @@ func enqueueMessage(t *testing.T, st *store.Store, tenant, key string) {
 
 func start(t *testing.T, env map[string]string) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
-	return startWith(t, env, defaultTimeouts)
+	return startWith(t, env, httpserve.DefaultTimeouts)
 }
 
 // startWith is start with the listener's timeouts.
-func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (addr string, logs *syncBuffer, stop func() error) {
+func startWith(t *testing.T, env map[string]string, timeouts httpserve.Timeouts) (addr string, logs *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs = &syncBuffer{}
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs, io.Discard,
+		errc <- run(ctx, []string{"--metrics-addr", "127.0.0.1:0"}, func(k string) string { return env[k] }, logs,
 			func(a net.Addr) { ready <- a.String() }, timeouts)
 	}()
 	select {
@@ -100,6 +101,9 @@ func startWith(t *testing.T, env map[string]string, timeouts serverTimeouts) (ad
 	case err := <-errc:
 		cancel()
 		t.Fatalf("Run: %v", err)
+	case <-time.After(time.Minute):
+		cancel()
+		t.Fatalf("the listener is not up within a minute; logs:\n%s", logs.String())
 	}
 	return addr, logs, func() error { cancel(); return <-errc }
 }
@@ -152,8 +156,22 @@ func TestRunDeliversAndRotates(t *testing.T) {
 		t.Fatalf("/readyz %d %s", code, body)
 	}
 
+	// Every wait is bounded: a worker that never delivers fails the test
+	// with what it logged, instead of hanging until the test binary's
+	// timeout.
+	const wait = 10 * time.Second
+	next := func(what string) delivery {
+		t.Helper()
+		select {
+		case d := <-got:
+			return d
+		case <-time.After(wait):
+			t.Fatalf("%s: nothing delivered within %v; logs:\n%s", what, wait, logs.String())
+			return delivery{}
+		}
+	}
 	enqueue("first")
-	d := <-got
+	d := next("first delivery")
 	wh1, _ := standardwebhooks.NewWebhook(secret(1))
 	if err := wh1.Verify(d.body, d.h); err != nil {
 		t.Fatalf("first delivery: %v", err)
@@ -161,11 +179,13 @@ func TestRunDeliversAndRotates(t *testing.T) {
 
 	// Rotation: both secrets are current; then only the new one.
 	writeSecrets(secret(1), secret(2))
-	for !strings.Contains(logs.String(), "secrets reloaded") {
-		time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(wait); !strings.Contains(logs.String(), "secrets reloaded"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("secrets not reloaded within %v; logs:\n%s", wait, logs.String())
+		}
 	}
 	enqueue("second")
-	d = <-got
+	d = next("second delivery")
 	wh2, _ := standardwebhooks.NewWebhook(secret(2))
 	if err := wh1.Verify(d.body, d.h); err != nil {
 		t.Fatalf("rotation: old secret refuses: %v", err)
@@ -182,7 +202,7 @@ func TestRunDeliversAndRotates(t *testing.T) {
 	// the rest of its metrics.
 	const delivered = `envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`
 	var metrics string
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	for deadline := time.Now().Add(wait); ; {
 		var n int
 		if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -240,11 +260,11 @@ func TestReadyzWithoutDatabase(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, nil)
 	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "WEBHOOK_SECRETS_FILE") {
 		t.Fatalf("-h: %v", err)
 	}
-	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)
+	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL is required") {
 		t.Fatalf("empty env: %v", err)
 	}

@@ -1,11 +1,8 @@
 package app
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +14,8 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve/httpservetest"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -133,56 +132,9 @@ func TestReadyzSharesOneProbe(t *testing.T) {
 // connection whose request headers never end (slow loris) within the header
 // timeout, and an idle keep-alive connection within the idle timeout.
 func TestListenerCutsSlowClients(t *testing.T) {
-	for name, d := range map[string]time.Duration{"read header": defaultTimeouts.readHeader, "read": defaultTimeouts.read,
-		"write": defaultTimeouts.write, "idle": defaultTimeouts.idle} {
-		if d <= 0 {
-			t.Fatalf("default %s timeout %v: unbounded", name, d)
-		}
-	}
-	short := serverTimeouts{readHeader: 300 * time.Millisecond, read: time.Second, write: 10 * time.Second, idle: 300 * time.Millisecond}
+	short := httpserve.Timeouts{ReadHeader: 300 * time.Millisecond, Read: time.Second, Write: 10 * time.Second, Idle: 300 * time.Millisecond}
 	addr, _, stop := startWith(t, map[string]string{"DATABASE_URL": storetest.NewDatabase(t), "WEBHOOK_SECRETS_FILE": secretsFile(t)}, short)
-	// closedWithin fails unless the server closes conn within limit: far
-	// below the defaults, so only the configured timeouts can explain it.
-	const limit = 5 * time.Second
-	closedWithin := func(what string, conn net.Conn) {
-		t.Helper()
-		start := time.Now()
-		_ = conn.SetReadDeadline(start.Add(limit))
-		_, err := io.Copy(io.Discard, conn)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("%s: connection still open after %v", what, limit)
-		}
-		t.Logf("%s: closed after %v", what, time.Since(start).Round(time.Millisecond))
-	}
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.WriteString(conn, "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
-		t.Fatal(err)
-	}
-	closedWithin("slow headers", conn)
-
-	conn2, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Close()
-	if _, err := io.WriteString(conn2, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	res, err := http.ReadResponse(bufio.NewReader(conn2), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || res.Close {
-		t.Fatalf("status %d, close %v; want a kept-alive 200", res.StatusCode, res.Close)
-	}
-	closedWithin("idle keep-alive", conn2)
+	httpservetest.CutsSlowClients(t, addr, "/readyz")
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/config"
@@ -28,42 +28,19 @@ import (
 // SHUTDOWN_GRACE), commit what the group committer holds, close the pool.
 // ready, if not nil, receives the bound API and metrics addresses once both
 // listeners are up (tests bind ":0").
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(api, metrics net.Addr)) error {
-	return run(ctx, args, getenv, stdout, stderr, ready, defaultTimeouts)
-}
-
-// serverTimeouts bound each connection of both listeners. The metrics
-// listener needs them as much as the API's: without them a client that sends
-// its headers, or reads the answer, a byte at a time (slow loris) holds a
-// connection and a goroutine for as long as it likes.
-type serverTimeouts struct {
-	readHeader, read, write, idle time.Duration
-}
-
-var defaultTimeouts = serverTimeouts{readHeader: 10 * time.Second, read: 30 * time.Second, write: 30 * time.Second, idle: 120 * time.Second}
-
-// server is an http.Server for h under t.
-func (t serverTimeouts) server(h http.Handler, errLog *log.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: t.readHeader,
-		ReadTimeout:       t.read,
-		WriteTimeout:      t.write,
-		IdleTimeout:       t.idle,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          errLog,
-	}
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(api, metrics net.Addr)) error {
+	return run(ctx, args, getenv, stdout, ready, httpserve.DefaultTimeouts)
 }
 
 // run is Run with the listeners' timeouts (tests shorten them).
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, ready func(api, metrics net.Addr), timeouts serverTimeouts) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, ready func(api, metrics net.Addr), timeouts httpserve.Timeouts) error {
 	cfg, err := config.Load(args, getenv, stdout) // -h is asked-for output: stdout
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("log level: %w", err)
+	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
 
@@ -118,10 +95,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
 	}
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	api := timeouts.server(srv.Handler(), errLog)
+	api := timeouts.Server(srv.Handler(), errLog)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	metricsSrv := timeouts.server(mux, errLog)
+	metricsSrv := timeouts.Server(mux, errLog)
 
 	// The reloader stops with ctx (SIGTERM) and is waited for below, so
 	// nothing of it outlives Run.

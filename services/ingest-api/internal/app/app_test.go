@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -17,8 +16,14 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/envelopeworker/envelopeworker/modules/httpserve"
+	"github.com/envelopeworker/envelopeworker/modules/httpserve/httpservetest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
+
+// startTimeout bounds the wait for Run's listeners: far above a start on a
+// loaded machine, far below the test binary's timeout.
+const startTimeout = time.Minute
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -50,13 +55,15 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, []string{"--ingest-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--shutdown-grace", "5s"},
-			func(k string) string { return env[k] }, &logs, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} })
+			func(k string) string { return env[k] }, &logs, func(api, metrics net.Addr) { ready <- addrs{api, metrics} })
 	}()
 	var a addrs
 	select {
 	case a = <-ready:
 	case err := <-done:
 		t.Fatalf("Run returned early: %v", err)
+	case <-time.After(startTimeout):
+		t.Fatalf("listeners not up within %v", startTimeout)
 	}
 	if code, body := get(t, "http://"+a.api.String()+"/readyz"); code != 200 || body != `{"status":"ready"}` {
 		t.Fatalf("readyz %d %s", code, body)
@@ -84,18 +91,18 @@ func TestRunServesAndShutsDown(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	var stdout bytes.Buffer // -h is asked-for output, so it goes to stdout
-	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, io.Discard, nil)
+	err := Run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, nil)
 	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stdout.String(), "-sync-limit-tokens") {
 		t.Fatalf("-h: %v\n%s", err, stdout.String())
 	}
-	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, io.Discard, nil)
+	err = Run(context.Background(), nil, func(string) string { return "" }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("missing DATABASE_URL: %v", err)
 	}
 	env := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?sslmode=disable", "INGEST_ADDR": "256.0.0.1:99999"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = Run(ctx, nil, func(k string) string { return env[k] }, io.Discard, io.Discard, nil)
+	err = Run(ctx, nil, func(k string) string { return env[k] }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "listen") {
 		t.Fatalf("bad listen address: %v", err)
 	}
@@ -105,14 +112,8 @@ func TestRunRefusesBadConfig(t *testing.T) {
 // request headers never end (slow loris) within the header timeout, and an
 // idle keep-alive connection within the idle timeout.
 func TestListenersCutSlowClients(t *testing.T) {
-	for name, d := range map[string]time.Duration{"read header": defaultTimeouts.readHeader, "read": defaultTimeouts.read,
-		"write": defaultTimeouts.write, "idle": defaultTimeouts.idle} {
-		if d <= 0 {
-			t.Fatalf("default %s timeout %v: unbounded", name, d)
-		}
-	}
 	env := map[string]string{"DATABASE_URL": storetest.NewDatabase(t)}
-	short := serverTimeouts{readHeader: 300 * time.Millisecond, read: time.Second, write: time.Second, idle: 300 * time.Millisecond}
+	short := httpserve.Timeouts{ReadHeader: 300 * time.Millisecond, Read: time.Second, Write: time.Second, Idle: 300 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type addrs struct{ api, metrics net.Addr }
@@ -120,59 +121,18 @@ func TestListenersCutSlowClients(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--ingest-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"},
-			func(k string) string { return env[k] }, io.Discard, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} }, short)
+			func(k string) string { return env[k] }, io.Discard, func(api, metrics net.Addr) { ready <- addrs{api, metrics} }, short)
 	}()
 	var a addrs
 	select {
 	case a = <-ready:
 	case err := <-done:
 		t.Fatalf("run returned early: %v", err)
+	case <-time.After(startTimeout):
+		t.Fatalf("listeners not up within %v", startTimeout)
 	}
-	// closedWithin fails unless the server closes conn within limit: far
-	// below the defaults, so only the configured timeouts can explain it.
-	const limit = 5 * time.Second
-	closedWithin := func(what string, conn net.Conn) {
-		t.Helper()
-		start := time.Now()
-		_ = conn.SetReadDeadline(start.Add(limit))
-		_, err := io.Copy(io.Discard, conn)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("%s: connection still open after %v", what, limit)
-		}
-		t.Logf("%s: closed after %v", what, time.Since(start).Round(time.Millisecond))
-	}
-	for _, l := range []struct{ name, addr, path string }{{"api", a.api.String(), "/healthz"}, {"metrics", a.metrics.String(), "/metrics"}} {
-		conn, err := net.Dial("tcp", l.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
-			t.Fatal(err)
-		}
-		closedWithin(l.name+" slow headers", conn)
-		conn.Close()
-
-		conn, err = net.Dial("tcp", l.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.WriteString(conn, "GET "+l.path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		br := bufio.NewReader(conn)
-		res, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", l.name, err)
-		}
-		_, _ = io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		if res.StatusCode != 200 || res.Close {
-			t.Fatalf("%s: status %d, close %v; want a kept-alive 200", l.name, res.StatusCode, res.Close)
-		}
-		closedWithin(l.name+" idle keep-alive", conn)
-		conn.Close()
-	}
+	httpservetest.CutsSlowClients(t, a.api.String(), "/healthz")
+	httpservetest.CutsSlowClients(t, a.metrics.String(), "/metrics")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)

@@ -1,25 +1,22 @@
-// Package config owns ingest-api's configuration: every setting is an
-// environment variable with a mirrored flag (FOO_BAR <-> --foo-bar), the flag
-// winning over the environment, and -h listing them all with their defaults.
+// Package config owns ingest-api's settings, their defaults and their
+// checks; modules/envflag reads them (FOO_BAR or --foo-bar, the flag
+// winning, -h listing them all with their defaults).
 package config
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/server"
 )
 
 // ErrInvalid reports a setting that cannot be used; the message names it.
-var ErrInvalid = errors.New("invalid configuration")
+var ErrInvalid = envflag.ErrInvalid
 
 // MaxCredentialCacheTTL bounds how long a revoked credential can still pass.
 const MaxCredentialCacheTTL = 2 * time.Second
@@ -53,17 +50,6 @@ type Config struct {
 	LogLevel               string
 }
 
-// setting is one variable: its name, help and how to store it.
-type setting struct {
-	env   string
-	help  string
-	value flag.Value
-}
-
-func (s setting) flagName() string {
-	return strings.ReplaceAll(strings.ToLower(s.env), "_", "-")
-}
-
 // Load parses args (without the program name) over the environment given by
 // getenv. -h prints usage to out and returns flag.ErrHelp.
 func Load(args []string, getenv func(string) string, out io.Writer) (Config, error) {
@@ -88,68 +74,44 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 		LogLevel:               "info",
 		OutboundKeysReload:     5 * time.Second,
 	}
-	outboxTokens := &inherited{Value: (*uint64Value)(&c.OutboxLimitTokens)}
-	outboxInterval := &inherited{Value: (*durationValue)(&c.OutboxLimitInterval)}
-	settings := []setting{
-		{"DATABASE_URL", "PostgreSQL DSN (required; never printed)", (*secretValue)(&c.DatabaseURL)},
-		{"INGEST_ADDR", "API listen address", (*stringValue)(&c.IngestAddr)},
-		{"INGEST_MAX_INFLIGHT_BODY_BYTES", "bytes of request bodies held at once, counted as they arrive; past it new requests answer 503 unavailable (more than the 1 MiB body limit)", (*int64Value)(&c.MaxInflightBodyBytes)},
-		{"METRICS_ADDR", "Prometheus /metrics listen address (separate listener)", (*stringValue)(&c.MetricsAddr)},
-		{"OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>","previous":[{"key_id":"…","public_key":"<base64url 32 bytes>"}]}} (previous optional), checked at start, reloaded when it changes`, (*stringValue)(&c.OutboundSigningKeysFile)},
-		{"OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "how often OUTBOUND_SIGNING_KEYS_FILE is checked for changes (a bad new version is logged and the previous keys stay)", (*durationValue)(&c.OutboundKeysReload)},
-		{"PAYLOAD_RETENTION", "how long inbound payloads are kept (Go duration)", (*durationValue)(&c.PayloadRetention)},
-		{"REPLAY_WINDOW", "oldest issued_at accepted (Go duration)", (*durationValue)(&c.ReplayWindow)},
-		{"MAX_SEQUENCE_AHEAD", "largest accepted distance of a sequence past the stream cursor", (*int64Value)(&c.MaxSequenceAhead)},
-		{"SYNC_LIMIT_TOKENS", "envelopes per SYNC_LIMIT_INTERVAL per verified device", (*uint64Value)(&c.SyncLimitTokens)},
-		{"SYNC_LIMIT_INTERVAL", "sync limiter interval (Go duration)", (*durationValue)(&c.SyncLimitInterval)},
-		{"PEER_LIMIT_TOKENS", "/v1/ requests per PEER_LIMIT_INTERVAL per client address (IPv4 address or IPv6 /64; see TRUSTED_PROXIES)", (*uint64Value)(&c.PeerLimitTokens)},
-		{"PEER_LIMIT_INTERVAL", "peer limiter interval (Go duration)", (*durationValue)(&c.PeerLimitInterval)},
-		{"OUTBOX_LIMIT_TOKENS", "outbox message requests per OUTBOX_LIMIT_INTERVAL per verified tenant, account and device (default: SYNC_LIMIT_TOKENS)", outboxTokens},
-		{"OUTBOX_LIMIT_INTERVAL", "outbox limiter interval (Go duration; default: SYNC_LIMIT_INTERVAL)", outboxInterval},
-		{"TRUSTED_PROXIES", "comma-separated CIDR prefixes of the proxies whose X-Forwarded-For names the client (default none: the TCP peer is the client)", (*proxiesValue)(&c.TrustedProxies)},
-		{"SHUTDOWN_GRACE", "time allowed to finish in-flight requests after SIGTERM", (*durationValue)(&c.ShutdownGrace)},
-		{"STORE_TIMEOUT", "deadline of each database operation; past it the answer is 503 unavailable", (*durationValue)(&c.StoreTimeout)},
-		{"DB_MAX_OPEN_CONNS", "database connection pool size", (*intValue)(&c.DBMaxOpenConns)},
-		{"CREDENTIAL_CACHE_TTL", "how long a verified credential is cached (0 disables, at most 2s: revocation takes effect within it)", (*durationValue)(&c.CredentialCacheTTL)},
-		{"GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", (*durationValue)(&c.GroupCommitWindow)},
-		{"GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction, and of POST /v1/outbox requests (at most 100) in one outbox transaction (1 disables grouping)", (*intValue)(&c.GroupCommitMaxItems)},
-		{"GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once, for envelopes and for outbox enqueues each (one being decided, the rest waiting for their WAL flush)", (*intValue)(&c.GroupCommitConcurrency)},
-		{"LOG_LEVEL", "debug, info, warn or error", (*stringValue)(&c.LogLevel)},
+	outboxTokens := &envflag.Inherited{Value: envflag.Uint64(&c.OutboxLimitTokens)}
+	outboxInterval := &envflag.Inherited{Value: envflag.Duration(&c.OutboxLimitInterval)}
+	settings := []envflag.Setting{
+		envflag.Var("DATABASE_URL", "PostgreSQL DSN (required; never printed)", envflag.Secret(&c.DatabaseURL)),
+		envflag.Var("INGEST_ADDR", "API listen address", envflag.String(&c.IngestAddr)),
+		envflag.Var("INGEST_MAX_INFLIGHT_BODY_BYTES", "bytes of request bodies held at once, counted as they arrive; past it new requests answer 503 unavailable (more than the 1 MiB body limit)", envflag.Int64(&c.MaxInflightBodyBytes)),
+		envflag.Var("METRICS_ADDR", "Prometheus /metrics listen address (separate listener)", envflag.String(&c.MetricsAddr)),
+		envflag.Var("OUTBOUND_SIGNING_KEYS_FILE", `optional JSON {"<tenant>":{"key_id":"…","seed":"<base64url 32 bytes>","previous":[{"key_id":"…","public_key":"<base64url 32 bytes>"}]}} (previous optional), checked at start, reloaded when it changes`, envflag.String(&c.OutboundSigningKeysFile)),
+		envflag.Var("OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "how often OUTBOUND_SIGNING_KEYS_FILE is checked for changes (a bad new version is logged and the previous keys stay)", envflag.Duration(&c.OutboundKeysReload)),
+		envflag.Var("PAYLOAD_RETENTION", "how long inbound payloads are kept (Go duration)", envflag.Duration(&c.PayloadRetention)),
+		envflag.Var("REPLAY_WINDOW", "oldest issued_at accepted (Go duration)", envflag.Duration(&c.ReplayWindow)),
+		envflag.Var("MAX_SEQUENCE_AHEAD", "largest accepted distance of a sequence past the stream cursor", envflag.Int64(&c.MaxSequenceAhead)),
+		envflag.Var("SYNC_LIMIT_TOKENS", "envelopes per SYNC_LIMIT_INTERVAL per verified device", envflag.Uint64(&c.SyncLimitTokens)),
+		envflag.Var("SYNC_LIMIT_INTERVAL", "sync limiter interval (Go duration)", envflag.Duration(&c.SyncLimitInterval)),
+		envflag.Var("PEER_LIMIT_TOKENS", "/v1/ requests per PEER_LIMIT_INTERVAL per client address (IPv4 address or IPv6 /64; see TRUSTED_PROXIES)", envflag.Uint64(&c.PeerLimitTokens)),
+		envflag.Var("PEER_LIMIT_INTERVAL", "peer limiter interval (Go duration)", envflag.Duration(&c.PeerLimitInterval)),
+		envflag.Var("OUTBOX_LIMIT_TOKENS", "outbox message requests per OUTBOX_LIMIT_INTERVAL per verified tenant, account and device (default: SYNC_LIMIT_TOKENS)", outboxTokens),
+		envflag.Var("OUTBOX_LIMIT_INTERVAL", "outbox limiter interval (Go duration; default: SYNC_LIMIT_INTERVAL)", outboxInterval),
+		envflag.Var("TRUSTED_PROXIES", "comma-separated CIDR prefixes of the proxies whose X-Forwarded-For names the client (default none: the TCP peer is the client)", (*proxiesValue)(&c.TrustedProxies)),
+		envflag.Var("SHUTDOWN_GRACE", "time allowed to finish in-flight requests after SIGTERM", envflag.Duration(&c.ShutdownGrace)),
+		envflag.Var("STORE_TIMEOUT", "deadline of each database operation; past it the answer is 503 unavailable", envflag.Duration(&c.StoreTimeout)),
+		envflag.Var("DB_MAX_OPEN_CONNS", "database connection pool size", envflag.Int(&c.DBMaxOpenConns)),
+		envflag.Var("CREDENTIAL_CACHE_TTL", "how long a verified credential is cached (0 disables, at most 2s: revocation takes effect within it)", envflag.Duration(&c.CredentialCacheTTL)),
+		envflag.Var("GROUP_COMMIT_WINDOW", "extra time a group commit waits for more requests (0: only what queued meanwhile)", envflag.Duration(&c.GroupCommitWindow)),
+		envflag.Var("GROUP_COMMIT_MAX_ITEMS", "most single-envelope requests committed in one transaction, and of POST /v1/outbox requests (at most 100) in one outbox transaction (1 disables grouping)", envflag.Int(&c.GroupCommitMaxItems)),
+		envflag.Var("GROUP_COMMIT_CONCURRENCY", "group-commit transactions in flight at once, for envelopes and for outbox enqueues each (one being decided, the rest waiting for their WAL flush)", envflag.Int(&c.GroupCommitConcurrency)),
+		envflag.Var("LOG_LEVEL", envflag.LogLevelHelp, envflag.String(&c.LogLevel)),
 	}
 
-	// The environment is read first so that a flag, parsed afterwards, wins.
-	for _, s := range settings {
-		if v := getenv(s.env); v != "" {
-			if err := s.value.Set(v); err != nil {
-				return Config{}, fmt.Errorf("%w: %s: %v", ErrInvalid, s.env, err)
-			}
-		}
-	}
-	fs := flag.NewFlagSet("ingest-api", flag.ContinueOnError)
-	fs.SetOutput(out)
-	for _, s := range settings {
-		fs.Var(s.value, s.flagName(), s.help+" (env "+s.env+")")
-	}
-	fs.Usage = func() {
-		fmt.Fprintln(out, "Usage: ingest-api [flags]")
-		fmt.Fprintln(out, "Every flag --foo-bar may instead be set by the environment variable FOO_BAR; a flag wins.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, err
-		}
-		return Config{}, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
+	if err := envflag.Parse("ingest-api", "", settings, args, getenv, out); err != nil {
+		return Config{}, err
 	}
 	// Unset, the outbox limiter follows the sync limiter's settings as they
 	// were given, so raising SYNC_LIMIT_* raises both (contract §8.4).
-	if !outboxTokens.set {
+	if !outboxTokens.Given() {
 		c.OutboxLimitTokens = c.SyncLimitTokens
 	}
-	if !outboxInterval.set {
+	if !outboxInterval.Given() {
 		c.OutboxLimitInterval = c.SyncLimitInterval
 	}
 	if err := c.Validate(); err != nil {
@@ -205,10 +167,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %s: %w", ErrInvalid, p.names, err)
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("LOG_LEVEL", "must be debug, info, warn or error")
+	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
+		return err
 	}
 	if c.OutboundSigningKeysFile != "" {
 		if err := checkSigningKeysFile(c.OutboundSigningKeysFile); err != nil {
@@ -228,22 +188,6 @@ func checkSigningKeysFile(path string) error {
 	return nil
 }
 
-// inherited records whether a setting was given, for settings whose
-// default is another setting's value. Unset, it prints no default of its
-// own (the help names the setting it follows).
-type inherited struct {
-	flag.Value
-	set bool
-}
-
-func (v *inherited) Set(s string) error { v.set = true; return v.Value.Set(s) }
-func (v *inherited) String() string {
-	if v == nil || v.Value == nil || !v.set {
-		return ""
-	}
-	return v.Value.String()
-}
-
 // proxiesValue is TRUSTED_PROXIES; the rules are the limiter's.
 type proxiesValue limiter.TrustedProxies
 
@@ -254,65 +198,5 @@ func (v *proxiesValue) Set(s string) error {
 		return err
 	}
 	*v = proxiesValue(t)
-	return nil
-}
-
-type stringValue string
-
-func (v *stringValue) String() string     { return string(*v) }
-func (v *stringValue) Set(s string) error { *v = stringValue(s); return nil }
-
-// secretValue hides its value from -h output, which prints current values as
-// defaults: a DSN can hold a password.
-type secretValue string
-
-func (v *secretValue) String() string     { return "" }
-func (v *secretValue) Set(s string) error { *v = secretValue(s); return nil }
-
-type durationValue time.Duration
-
-func (v *durationValue) String() string { return time.Duration(*v).String() }
-func (v *durationValue) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return errors.New("not a Go duration")
-	}
-	*v = durationValue(d)
-	return nil
-}
-
-type intValue int
-
-func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
-func (v *intValue) Set(s string) error {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return errors.New("not an integer")
-	}
-	*v = intValue(n)
-	return nil
-}
-
-type int64Value int64
-
-func (v *int64Value) String() string { return strconv.FormatInt(int64(*v), 10) }
-func (v *int64Value) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return errors.New("not an integer")
-	}
-	*v = int64Value(n)
-	return nil
-}
-
-type uint64Value uint64
-
-func (v *uint64Value) String() string { return strconv.FormatUint(uint64(*v), 10) }
-func (v *uint64Value) Set(s string) error {
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return errors.New("not a non-negative integer")
-	}
-	*v = uint64Value(n)
 	return nil
 }

@@ -16,7 +16,7 @@ type healthBody struct {
 // healthz is liveness: the process answers. It does not touch the database,
 // so an outage does not make an orchestrator restart healthy replicas.
 func (s *Server) healthz(c echo.Context) error {
-	state(c).outcome = "ok"
+	state(c).outcome = outcomeOK
 	writeJSON(c, http.StatusOK, healthBody{Status: "ok"})
 	return nil
 }
@@ -33,7 +33,7 @@ func (s *Server) readyz(c echo.Context) error {
 		}
 		return s.unavailable(c, op, err)
 	}
-	state(c).outcome = "ok"
+	state(c).outcome = outcomeOK
 	writeJSON(c, http.StatusOK, healthBody{Status: "ready"})
 	return nil
 }

@@ -20,15 +20,6 @@ import (
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
-// Outbox reason codes (contract §4, §8.9).
-const (
-	reasonNoSigningKey        = wire.ReasonNoSigningKey
-	reasonNoEndpoint          = wire.ReasonNoEndpoint
-	reasonIdempotencyConflict = wire.ReasonIdempotencyConflict
-	reasonNotDead             = wire.ReasonNotDead
-	reasonPayloadExpired      = wire.ReasonPayloadExpired
-)
-
 // outboxRequest is a checked POST /v1/outbox body.
 type outboxRequest struct {
 	ProjectID, Topic, IdempotencyKey, Kind string
@@ -219,9 +210,9 @@ func replyOf(a store.EnqueueAnswer) (enqueueReply, error) {
 		return enqueueReply{}, err
 	}
 	res := a.Result
-	rep := enqueueReply{status: http.StatusCreated, outcome: "created"}
+	rep := enqueueReply{status: http.StatusCreated, outcome: outcomeCreated}
 	if !res.Created {
-		rep.status, rep.outcome = http.StatusOK, "repeated"
+		rep.status, rep.outcome = http.StatusOK, outcomeRepeated
 	}
 	ids := res.MessageIDs
 	if ids == nil {
@@ -481,7 +472,7 @@ func serveTenantRead(s *Server, c echo.Context, what string, read func(ctx conte
 	if err != nil {
 		return s.unavailable(c, what, err)
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeJSON(c, http.StatusOK, body)
 	return nil
 }
@@ -565,7 +556,7 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 			ErrorCode: d.ErrorCode, CreatedAt: wire.FormatTime(d.CreatedAt), DeadAt: wire.FormatTime(d.DeadAt),
 		})
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeJSON(c, http.StatusOK, page)
 	return nil
 }
@@ -594,7 +585,7 @@ func (s *Server) replayDeadLetter(c echo.Context) error {
 	case err != nil:
 		return s.unavailable(c, "replay_dead_letter", err)
 	}
-	state(c).outcome = store.OutcomeReplayed
+	state(c).outcome = string(wire.OutcomeReplayed)
 	writeJSON(c, http.StatusOK, statusBody(m))
 	return nil
 }

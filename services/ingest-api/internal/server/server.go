@@ -1,201 +1,65 @@
 // Package server owns ingest-api's HTTP surface: the echo application that
-// authenticates, rate-limits, verifies and commits controlplane/v1 envelopes
-// (contract §2), serves the stream read routes, and answers health checks.
+// authenticates, rate-limits, verifies and commits controlplane/v1 envelopes,
+// serves the stream, outbox, dead-letter and outbound-key routes, and answers
+// health checks. The routes, their order of checks, codes and bodies are the
+// contract's (§2–§4, §7, §8); this comment keeps only the choices the
+// contract leaves open.
 //
-// # Order of a POST /v1/envelopes
+// Client address (§2 step 0, §8.3): the TCP peer's, unless that peer is in
+// TRUSTED_PROXIES; then the rightmost X-Forwarded-For entry that is not a
+// trusted proxy, a malformed entry stopping the walk at the last trusted hop
+// (limiter.TrustedProxies.ClientAddr), so never a value a client wrote.
 //
-// Contract §2, step by step, each step stopping the request:
+// Bodies (§8.2, body.go): a body starts at 512 bytes and doubles as bytes
+// arrive, each growth reserved first from the replica's budget
+// (INGEST_MAX_INFLIGHT_BODY_BYTES), which counts capacity actually
+// allocated. The budget is part of step 0, before the peer limiter (which
+// counts requests, not bytes held): a request refused for it (503, Retry-After
+// 1) took no token and is neither authenticated nor audited. The observe
+// middleware releases a request's reservation in a defer, whatever ends it.
 //
-//	0  Content-Length over the body limit: 413 body_too_large, without
-//	   reading; then the body is read through http.MaxBytesReader, so a
-//	   chunked body is cut at the limit (413 too), into a buffer that grows
-//	   as bytes arrive against the in-flight body budget (503 unavailable +
-//	   Retry-After: 1 past it; see below). Then the peer limiter,
-//	   keyed by the client address, an IPv4 address or an IPv6 /64 (429
-//	   rate_limited + Retry-After). The client address is the TCP peer's
-//	   unless that peer is inside TRUSTED_PROXIES: then it is the rightmost
-//	   X-Forwarded-For entry that is not itself a trusted proxy (header
-//	   lines concatenated in order; a malformed entry stops the walk at the
-//	   last trusted hop, whose address is used: never a value a client
-//	   wrote; see limiter.TrustedProxies.ClientAddr). From any other peer
-//	   the header is ignored. With TRUSTED_PROXIES empty (the default)
-//	   every client behind a proxy shares the proxy's bucket.
-//	1  the bearer credential is verified by the store (401 unauthenticated,
-//	   never audited; a failing database is 503, never 401).
-//	1b the sync limiter, keyed by tenant/account/device/"sync-ingest" (429).
-//	1c only role device may post (403 forbidden, audited).
-//	2  structure and identities (400 invalid_envelope), tenant and producer
-//	   must be the credential's (403 route_mismatch), and then the
-//	   Idempotency-Key header, when present, must equal the envelope's key
-//	   (400 idempotency_key_mismatch).
-//	3  the key in the verified tenant, and the signature (403 unknown_key,
-//	   key_retired, key_revoked, bad_signature).
-//	4  schema version, metadata and issued_at window (400 ...).
-//	5-6 the store, under the stream lock, in one transaction with the audit
-//	   row, through the group committer; 7 only then the answer.
+// Batches: steps 0–1c run once per request; the first item's sync token is
+// taken before the role check. An Idempotency-Key header is not used on the
+// batch route, and every item's answer and audit row carry the request's
+// correlation id.
 //
-// Every answer from 1c on writes exactly one audit row, in the same
-// transaction as the envelope for accepts, and is only sent once that row is
-// committed. The peer limiter counts only /v1/ routes; health routes are
-// never limited and /metrics lives on its own listener.
+// Group commit (committer.go): single posts do steps 0–4 alone, then share
+// one store.IngestBatch transaction with whatever queued meanwhile, across
+// tenants and streams; a failed transaction answers all of them 503. At most
+// GROUP_COMMIT_CONCURRENCY transactions are in flight. Step 3 may use the
+// replica's active-key cache (keys.go); the store re-checks the key inside
+// the transaction, and a stale entry sends the request back to a fresh
+// lookup, so key state changes hold for everything committed after them.
 //
-// # Memory under hostile load
+// Stream routes: a path parameter that is not an identity is 400
+// invalid_request; after and limit that do not parse are 400 invalid_page.
+// Reads are peer-limited, not sync-limited, and not audited.
 //
-// Contract §8.2. A declared Content-Length is never an allocation: readBody
-// (body.go) starts every body at 512 bytes and doubles the buffer as bytes
-// arrive, capped at the declared length or the limit (plus one byte to see
-// the end). Every growth is first reserved from one budget per replica,
-// MaxInflightBodyBytes (INGEST_MAX_INFLIGHT_BODY_BYTES, default 64 MiB),
-// which counts buffer capacity actually allocated; a request that cannot
-// reserve its next growth is answered 503 unavailable with Retry-After: 1
-// (counted in envelopeworker_ingest_inflight_body_refusals_total). An idle
-// connection thus holds 512 bytes of it and a trickling one at most twice
-// what it sent. A request keeps its reservation until its handler returns
-// (the decided envelope and the group commit still reference the body); the
-// observe middleware gives it back in a defer, so an answer, an error, a
-// panic and a client gone mid-body all release it. The bytes held are the
-// gauge envelopeworker_ingest_inflight_body_bytes.
+// Outbox routes: the outbox limiter sits where the sync limiter does (before
+// the role check); a malformed request (store.ValidTopic, metadata.kind,
+// max_attempts) is 400 invalid_request; no_signing_key is decided before the
+// store, so also for a repeat. An outbound envelope gets event_id "ob-" and
+// 32 random hex digits and issued_at in whole milliseconds, and is signed
+// once its sequence is allocated, inside its own group commit. Enqueues are
+// not audited (the envelope and its messages are the record). Another
+// tenant's message id is 404 not_found, like an unknown one; a tenant
+// without an outbound key gets an empty key list.
 //
-// The budget sits inside step 0, while the body is read, before the peer
-// limiter: the contract orders the body limit first, and the peer limiter
-// counts requests, not bytes or how long they stay, so it cannot bound what
-// connections hold; the budget bounds it for every peer at once. A request
-// refused for the budget has taken no peer or sync token and is not
-// authenticated or audited; its 503 says nothing was acknowledged, so the
-// client retries. Routes without a body never touch the budget.
+// Refusal details (§8.11): every refusal but a 5xx carries "detail", and so
+// does the request's access-log line: a fixed sentence of detail.go, or of
+// the envelope module, that never quotes the request, so the sentences are a
+// closed list the tests hold every refusal to. openapi.yaml, in the module's
+// root, describes the routes and answers; the tests validate real answers
+// against it.
 //
-// # Batches
-//
-// POST /v1/envelopes/batch runs steps 0–1c once for the request, taking one
-// sync-limiter token for the first item before the role check; a refusal of
-// that first token is a whole-request 429 and nothing is processed. A
-// non-device credential is a whole-request 403 forbidden (one audit row), and
-// a malformed wrapper a whole-request 400 invalid_envelope (one audit row).
-// Every further item takes its own token; once one is refused, it and every
-// later item answer rate_limited (status 429, not audited) and the earlier
-// items are processed. All processed items commit in one transaction, so the
-// answer is either all durable or a 503. An Idempotency-Key header is not
-// used on the batch route: each envelope carries its own key. Every item's
-// answer, and its audit row, carries the request's correlation id.
-//
-// # Group commit
-//
-// Single posts do steps 0–4 on their own and then queue their BatchItem (an
-// ingest, or the audit row of a refusal) with the committer, which commits
-// whatever concurrent requests queued meanwhile — across tenants and streams
-// — in one store.IngestBatch transaction and answers each request from its
-// own result. A failed transaction answers all of its requests 503. At most
-// GROUP_COMMIT_CONCURRENCY (default 2) transactions are in flight: fewer
-// flushes make larger groups, and a set-based batch costs PostgreSQL a fixed
-// few statements per transaction plus a little per envelope.
-//
-// Step 3 of a single post may take an active key from the replica's cache
-// (keys.go) instead of the database; the envelope then carries the public key
-// it was verified with, and the store decides it only if that key is still
-// active with that public key inside the ingest transaction. A stale answer
-// drops the entry and the request runs steps 2–6 again from a fresh lookup,
-// so retirement, revocation and prune take effect for every envelope
-// committed after them. The batch route looks its keys up per request.
-//
-// # Stream routes
-//
-// GET /v1/streams/{project}/{producer} is for role device and its own
-// producer only; GET /v1/streams/{project}/{producer}/envelopes is for role
-// service. Both take the tenant from the credential. Path parameters that
-// are not valid identities are 400 invalid_request; "limit" (1–100, default
-// 100) and "after" (a non-negative integer, default 0) that do not parse or
-// fall outside their range are 400 invalid_page. Reads are peer-limited but
-// not sync-limited and not audited. A page of envelopes holds at most limit
-// envelopes and at most envelope.MaxPageBytes (4 MiB) of stored envelope
-// JSON, but always the first envelope due, however large; its cursor is
-// still the stream's, and a reader continues with after = the last sequence
-// it got until that equals the cursor. The store stops at the byte budget,
-// and the page is written from its rows without being encoded again.
-//
-// # Outbox routes
-//
-// POST /v1/outbox (role service) runs the body limit (413), the peer
-// limiter, authentication, the outbox limiter (contract §8.4: one token per
-// message request, keyed by tenant/account/device/"outbox-enqueue", 429
-// rate_limited + Retry-After, not audited), the role check (403
-// forbidden), then reads the
-// body as strictly as an envelope: unknown, duplicate, missing or malformed
-// members, an identity-rule violation in project_id or idempotency_key, a
-// topic outside ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$, a kind that is not a
-// valid metadata.kind, a max_attempts that is not an exact integer in 1–50
-// (default 12), and a request whose envelope would break the envelope
-// limits, are 400 invalid_request. A tenant without an outbound key is 422
-// no_signing_key (checked before the store, so also for a repeat). The store
-// then answers the repeat (200, the stored envelope byte for byte), 422
-// idempotency_conflict or 422 no_endpoint, or enqueues (201) the envelope
-// signed here: producer_id is the credential's device, event_id "ob-" and
-// 32 random hex digits, issued_at the server clock in whole milliseconds,
-// metadata {"kind"}. "Same request content" is SHA-256 of the JCS of the
-// body. The outbox limiter sits where the sync limiter sits on the envelope
-// routes (step 1b, before the role check), so a refused request costs no
-// parsing and no database work, and a credential of the wrong role is
-// limited like any other; it is a limiter of its own (OUTBOX_LIMIT_TOKENS
-// per OUTBOX_LIMIT_INTERVAL, by default the SYNC_LIMIT_* values), so
-// enqueues never spend sync-ingest tokens or the reverse. Enqueues go
-// through their own group commit (outboxCommit, contract §8.6): concurrent
-// requests of any stream share one store.EnqueueBatch transaction, a
-// stream's new envelopes take consecutive sequences in arrival order, and
-// each is signed once its sequence is allocated, inside that transaction.
-// POST /v1/outbox/batch (contract §8.5) takes {"messages":[…]} of 1–100
-// bodies (a malformed wrapper, or a count outside that, is the whole
-// request's 400 invalid_request; the body limit is the request's), one
-// outbox-limiter token per message (the first refused: the whole request's
-// 429; a later one: that and every following item rate_limited), and
-// answers 200 {"results":[…]}: each item's POST /v1/outbox answer plus
-// "status", as if sent one by one, all committed in one transaction or the
-// whole request is 503. Enqueues are not audited:
-// the outbound envelope, its sequence and its messages are the record;
-// replays are audited (outcome replayed, by the store, in the replay's
-// transaction).
-//
-// GET /v1/outbox/{message_id} (service or operator), GET /v1/dead-letters
-// (operator; project_id required and an identity, else 400
-// invalid_request; limit 1–100 and the opaque after cursor, else 400
-// invalid_page) and POST /v1/dead-letters/{message_id}/replay (operator; 409
-// not_dead) take the tenant from the credential: another tenant's message id
-// is 404 not_found, like an unknown one. Unset status fields are null.
-// GET /v1/outbox/{message_id}/attempts (service or operator, contract §8.8)
-// answers as GET /v1/outbox/{message_id} does for unknown and foreign ids,
-// and otherwise the latest 100 attempts, oldest first (an empty list for a
-// message never attempted).
-//
-// GET /v1/outbound-keys (service or operator; contract §8.10) lists the
-// credential's tenant's outbound public keys, current first, then the
-// earlier ones the keys file lists (outboundkeys.PublicKeys); a tenant
-// without a key answers 200 with an empty list, a failing key source 503.
-// It takes no parameters, so another tenant's keys cannot be named.
-//
-// # Refusal details
-//
-// Every refusal but a 5xx carries "detail" (contract §8.11), and so does the
-// request's access-log line: a fixed sentence of detail.go, or of the
-// envelope module for what it decides, naming the rule that failed and the
-// contract member it concerns. It never quotes the request (no value,
-// offset or unknown member name), so the sentences are a closed list the
-// tests hold every refusal to. The routes, answers and codes are also
-// described by openapi.yaml in the module's root, which the tests validate
-// real answers against.
-//
-// # Other answers
-//
-// Unknown routes answer 404 not_found and wrong methods 405
-// method_not_allowed, with the refusal body. Every answer carries
-// X-Correlation-Id, a random 128-bit id made per request, which is also in
-// every log line of the request and in its audit rows; a valid W3C
-// traceparent header (version 00) is logged with it, an invalid one is
-// ignored. /healthz is liveness only (it never touches the database);
-// /readyz checks that the database answers and that its schema is at or
-// above migrations.Latest(), the version this build needs (contract §8.1: a
-// later release's migration never makes this one unready), from a shared
-// probe at most one second old (store.Readiness). Any database failure or
-// timeout answers 503 unavailable (with Retry-After: 1) on every route. The
-// credential cache (CredentialCacheTTL, at most 2 s) is the only place a
-// revoked credential can still pass, and only for that long.
+// Other answers: unknown routes are 404 not_found and wrong methods 405
+// method_not_allowed, with the refusal body. X-Correlation-Id is a random
+// 128-bit id, also in every log line and audit row of the request; a valid
+// traceparent header is logged with it. /healthz never touches the database;
+// /readyz answers from a shared probe at most a second old
+// (store.Readiness). A failing or slow database is 503 with Retry-After: 1
+// on every route. The credential cache (at most 2 s) is the only place a
+// revoked credential can still pass.
 package server
 
 import (

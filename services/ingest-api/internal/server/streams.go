@@ -17,22 +17,6 @@ const (
 	maxPageLimit     = 100
 )
 
-// validIdentity is the contract's identity rule for path parameters:
-// ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$.
-func validIdentity(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		alnum := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9'
-		if !alnum && (i == 0 || ch != '.' && ch != '_' && ch != '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // getStream serves a device its own stream's cursor and replay floor.
 func (s *Server) getStream(c echo.Context) error {
 	id, ok := s.admit(c)
@@ -43,7 +27,7 @@ func (s *Server) getStream(c echo.Context) error {
 	if id.Role != store.RoleDevice || producer != id.DeviceID {
 		return s.refuse(c, reasonForbidden, detailOwnStream)
 	}
-	if !validIdentity(project) {
+	if !envelope.ValidIdentity(project) {
 		return s.refuse(c, reasonInvalidRequest, detailPathProject)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
@@ -53,7 +37,7 @@ func (s *Server) getStream(c echo.Context) error {
 		return s.unavailable(c, "stream", err)
 	}
 	st := state(c)
-	st.outcome = "read"
+	st.outcome = outcomeRead
 	writeJSON(c, http.StatusOK, wire.StreamState{Cursor: ss.Cursor, ReplayFloor: ss.ReplayFloor})
 	return nil
 }
@@ -73,10 +57,10 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 		return s.refuse(c, reasonForbidden, detailRoleService)
 	}
 	project, producer := c.Param("project"), c.Param("producer")
-	if !validIdentity(project) {
+	if !envelope.ValidIdentity(project) {
 		return s.refuse(c, reasonInvalidRequest, detailPathProject)
 	}
-	if !validIdentity(producer) {
+	if !envelope.ValidIdentity(producer) {
 		return s.refuse(c, reasonInvalidRequest, detailPathProducer)
 	}
 	after, limit, detail := pageParams(c)
@@ -89,7 +73,7 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 	if err != nil {
 		return s.unavailable(c, "read_stream", err)
 	}
-	state(c).outcome = "read"
+	state(c).outcome = outcomeRead
 	writeStreamPage(c.Response(), rows, cursor)
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 )
 
 // BenchmarkDeleteExpired100k measures one janitor cycle over 100,000 expired
@@ -15,7 +16,7 @@ import (
 // contract's bound), as the janitor role, with durable commits. Seeding is
 // outside the timer. Reported: payload rows/s.
 func BenchmarkDeleteExpired100k(b *testing.B) {
-	for _, batch := range []int{DefaultBatchSize, 1000} {
+	for _, batch := range []int{config.DefaultBatchSize, 1000} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { benchmarkDeleteExpired(b, batch) })
 	}
 }

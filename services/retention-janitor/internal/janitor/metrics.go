@@ -13,6 +13,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/redact"
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 )
 
 // PushJob is the Pushgateway job label of every janitor push.
@@ -85,7 +86,7 @@ func pushMetrics(ctx context.Context, rawURL string, timeout time.Duration, s Su
 	shown := redact.URL(rawURL)
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return fmt.Errorf("push metrics to %s: %w: PUSHGATEWAY_URL does not parse", shown, ErrConfig)
+		return fmt.Errorf("push metrics to %s: %w: PUSHGATEWAY_URL does not parse", shown, config.ErrInvalid)
 	}
 	rt := &pushTransport{base: http.DefaultTransport, query: u.RawQuery}
 	base := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 )
 
 // LockKey is the advisory lock key one janitor run holds. Advisory locks are
@@ -30,25 +30,11 @@ const unlockTimeout = 5 * time.Second
 // database fails the run instead of hanging until the Job's deadline.
 const setupTimeout = time.Minute
 
-// Run is the whole janitor process: configuration from args and getenv,
-// JSON logs to stdout, one cycle, the summary line and the optional push.
-// It returns flag.ErrHelp after -h, nil for a clean stop (including timeout,
-// SIGTERM on ctx and a lock held by another run), and an error when the run
-// failed.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := LoadConfig(args, getenv, stdout) // -h is asked-for output: stdout
-	if err != nil {
-		return err
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("%w: log level: %w", ErrConfig, err)
-	}
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
-	return cycle(ctx, cfg, log)
-}
-
-func cycle(ctx context.Context, cfg Config, log *slog.Logger) (err error) {
+// Run is one cycle under cfg: lock, schema check, deletes, the summary
+// line on log and the optional push. It returns nil for a clean stop
+// (including timeout, SIGTERM on ctx and a lock held by another run), and
+// an error when the run failed.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 	start := time.Now()
 	var sum Summary
 	var session deleteSession // the delete session's settings; unknown until it is open
@@ -169,7 +155,7 @@ func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		// The DSN may hold a password; its text is never echoed.
-		return nil, false, time.Time{}, fmt.Errorf("%w: DATABASE_URL is not a valid PostgreSQL URL", ErrConfig)
+		return nil, false, time.Time{}, fmt.Errorf("%w: DATABASE_URL is not a valid PostgreSQL URL", config.ErrInvalid)
 	}
 	cc.RuntimeParams["application_name"] = "retention-janitor-lock"
 	conn, err := pgx.ConnectConfig(ctx, cc)
@@ -192,7 +178,7 @@ func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error
 // store's sessions should set ("" for the server's setting) and why want is
 // not used ("" when it is).
 func trySetWALCompression(ctx context.Context, conn *pgx.Conn, want string) (set, refused string, err error) {
-	if want == WALCompressionServer {
+	if want == config.WALCompressionServer {
 		return "", "", nil
 	}
 	_, err = conn.Exec(ctx, `SELECT set_config('wal_compression', $1, false)`, want)

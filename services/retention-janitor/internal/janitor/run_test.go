@@ -3,7 +3,6 @@ package janitor
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
 )
 
 func TestRunDeletesAndLogsOneSummary(t *testing.T) {
@@ -118,7 +118,7 @@ func TestTrySetWALCompression(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	for _, tc := range []struct{ want, set, refused string }{
-		{WALCompressionServer, "", ""},
+		{config.WALCompressionServer, "", ""},
 		{"no-such-method", "", "this server does not support it"},
 	} {
 		set, refused, err := trySetWALCompression(ctx, conn, tc.want)
@@ -139,18 +139,6 @@ func TestTrySetWALCompression(t *testing.T) {
 	_ = dead.Close(ctx)
 	if _, _, err := trySetWALCompression(ctx, dead, "lz4"); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("closed connection: %v, want ErrUnavailable", err)
-	}
-}
-
-func TestRunHelp(t *testing.T) {
-	t.Parallel()
-	var stdout, stderr strings.Builder
-	err := Run(context.Background(), []string{"-h"}, envOf(nil), &stdout, &stderr)
-	if !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("err = %v, want flag.ErrHelp", err)
-	}
-	if !strings.Contains(stdout.String(), "-janitor-timeout") || stderr.Len() != 0 {
-		t.Fatalf("help went astray: stdout %q stderr %q", stdout.String(), stderr.String())
 	}
 }
 
@@ -290,8 +278,8 @@ func TestRunFailures(t *testing.T) {
 	t.Run("malformed url", func(t *testing.T) {
 		t.Parallel()
 		sum, raw, err := runJanitor(t, context.Background(), map[string]string{"DATABASE_URL": "postgres://u:pw-secret-2@[::1"})
-		if !errors.Is(err, ErrConfig) || sum.StoppedBy != "error" {
-			t.Fatalf("summary %+v, err %v; want ErrConfig", sum, err)
+		if !errors.Is(err, config.ErrInvalid) || sum.StoppedBy != "error" {
+			t.Fatalf("summary %+v, err %v; want config.ErrInvalid", sum, err)
 		}
 		if strings.Contains(raw, "pw-secret-2") || strings.Contains(err.Error(), "pw-secret-2") {
 			t.Fatalf("password leaked: %s / %v", raw, err)

@@ -1,4 +1,4 @@
-package janitor
+package config
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ func envOf(m map[string]string) func(string) string {
 }
 
 func TestLoadConfigDefaults(t *testing.T) {
-	c, err := LoadConfig(nil, envOf(map[string]string{"DATABASE_URL": "postgres://j@db/x"}), &bytes.Buffer{})
+	c, err := Load(nil, envOf(map[string]string{"DATABASE_URL": "postgres://j@db/x"}), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 		"PUSHGATEWAY_TIMEOUT":         "3s",
 		"LOG_LEVEL":                   "warn",
 	})
-	c, err := LoadConfig(nil, env, &bytes.Buffer{})
+	c, err := Load(nil, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 		t.Fatalf("env config = %+v, want %+v", c, want)
 	}
 	// A flag wins over its environment variable; both dash forms work.
-	c, err = LoadConfig([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-max-rows-per-second", "0", "--janitor-wal-compression", "server", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
+	c, err = Load([]string{"--janitor-timeout", "2m", "-janitor-batch-size=7", "--janitor-max-rows-per-second", "0", "--janitor-wal-compression", "server", "--database-url", "postgres://flag@db/x", "--pushgateway-url="}, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestLoadConfigEnvAndFlags(t *testing.T) {
 
 func TestLoadConfigHelpListsEverySetting(t *testing.T) {
 	var out bytes.Buffer
-	_, err := LoadConfig([]string{"-h"}, envOf(map[string]string{"DATABASE_URL": "postgres://j:pw-help-secret@db/x"}), &out)
+	_, err := Load([]string{"-h"}, envOf(map[string]string{"DATABASE_URL": "postgres://j:pw-help-secret@db/x"}), &out)
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
@@ -70,7 +70,7 @@ func TestLoadConfigHelpListsEverySetting(t *testing.T) {
 	if strings.Contains(out.String(), "pw-help-secret") {
 		t.Fatalf("-h printed the DATABASE_URL from the environment:\n%s", out.String())
 	}
-	if !strings.Contains(out.String(), `default "10m0s"`) {
+	if !strings.Contains(out.String(), `default 10m0s`) {
 		t.Errorf("-h does not show the JANITOR_TIMEOUT default:\n%s", out.String())
 	}
 }
@@ -113,9 +113,9 @@ func TestLoadConfigRefusals(t *testing.T) {
 			for k, v := range tc.env {
 				env[k] = v
 			}
-			_, err := LoadConfig(tc.args, envOf(env), &bytes.Buffer{})
-			if !errors.Is(err, ErrConfig) {
-				t.Fatalf("err = %v, want ErrConfig", err)
+			_, err := Load(tc.args, envOf(env), &bytes.Buffer{})
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
 			}
 			if !strings.Contains(err.Error(), tc.mention) {
 				t.Errorf("error %q does not mention %q", err, tc.mention)
@@ -125,15 +125,14 @@ func TestLoadConfigRefusals(t *testing.T) {
 			}
 		})
 	}
-	if _, err := LoadConfig([]string{"--no-such-flag"}, envOf(base), &bytes.Buffer{}); err == nil {
-		t.Fatal("unknown flag accepted")
+	if _, err := Load([]string{"--no-such-flag"}, envOf(base), &bytes.Buffer{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("unknown flag: %v, want ErrInvalid", err)
 	}
-}
-
-func TestFlagName(t *testing.T) {
-	for env, want := range map[string]string{"DATABASE_URL": "database-url", "JANITOR_BATCH_SIZE": "janitor-batch-size", "LOG_LEVEL": "log-level"} {
-		if got := flagName(env); got != want {
-			t.Errorf("flagName(%s) = %s, want %s", env, got, want)
-		}
+	// The Pushgateway URL can hold credentials: -h shows none from the
+	// environment either.
+	var out bytes.Buffer
+	if _, err := Load([]string{"-h"}, envOf(map[string]string{"PUSHGATEWAY_URL": "https://u:pw-gw@gw"}), &out); !errors.Is(err, flag.ErrHelp) ||
+		strings.Contains(out.String(), "pw-gw") {
+		t.Fatalf("-h: %v\n%s", err, out.String())
 	}
 }

@@ -1,0 +1,3 @@
+module github.com/envelopeworker/envelopeworker/modules/envflag
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/envelopeworker/envelopeworker/modules/httpserve
+
+go 1.26
