@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/producer"
@@ -112,4 +113,42 @@ func ExampleProducer_SendBatch() {
 	// 1 delivered
 	// 2 delivered
 	// 3 delivered
+}
+
+// WithObserver shows every exchange behind one Send: here a 503 the
+// producer retried, then the answer. A test harness or a metrics hook can
+// count answers this way; the credential and bodies are never reported.
+func ExampleWithObserver() {
+	failed := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet:
+			json.NewEncoder(w).Encode(wire.StreamState{})
+		case !failed:
+			failed = true
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(wire.Answer{Outcome: wire.OutcomeRefused, Reason: wire.ReasonUnavailable})
+		default:
+			c := int64(1)
+			json.NewEncoder(w).Encode(wire.Answer{Outcome: wire.OutcomeAccepted, Cursor: &c})
+		}
+	}))
+	defer srv.Close()
+	signer, _ := envelope.NewSigner("k1", ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize)))
+	p, _ := producer.New(srv.URL, "token", signer,
+		producer.WithStream(producer.Stream{TenantID: "tenant-a", ProjectID: "proj-1", ProducerID: "device-7"}),
+		producer.WithStore(&producer.MemoryStore{}),
+		producer.WithBackoff(time.Millisecond, time.Millisecond),
+		producer.WithObserver(func(a producer.Attempt) {
+			fmt.Println(a.Method, a.Route, a.Sequences, a.Status, a.Answer.Outcome, a.Answer.Reason, "retry:", a.Retry)
+		}))
+	if _, err := p.Send(context.Background(), producer.Event{
+		EventID: "evt-1", Metadata: envelope.Metadata{Kind: "reading"}, Payload: []byte(`1`),
+	}); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// GET /v1/streams/proj-1/device-7 [] 200   retry: false
+	// POST /v1/envelopes [1] 503 refused unavailable retry: true
+	// POST /v1/envelopes [1] 200 accepted  retry: false
 }

@@ -84,6 +84,7 @@ type config struct {
 	deadline               time.Duration
 	backoffMin, backoffMax time.Duration
 	now                    func() time.Time
+	observe                func(Attempt)
 }
 
 // WithStream sets the stream the producer writes (required: the tenant
@@ -111,6 +112,27 @@ func WithDeadline(d time.Duration) Option { return func(c *config) { c.deadline 
 // Retry-After on 429 or 503 is honoured instead.
 func WithBackoff(min, max time.Duration) Option {
 	return func(c *config) { c.backoffMin, c.backoffMax = min, max }
+}
+
+// WithObserver makes the producer call observe with every HTTP exchange it
+// makes, retries included, before it acts on the answer: what a test
+// harness or a metrics hook needs to see behind Send's single Result.
+// observe runs on the sending goroutine and must return quickly.
+func WithObserver(observe func(Attempt)) Option { return func(c *config) { c.observe = observe } }
+
+// Attempt is one HTTP exchange, as WithObserver reports it. It never holds
+// the credential or a body. Answer is the answer when it parses as one;
+// Results is a batch route's 200 answer, one per sequence, whose 429 and
+// 5xx items are sent again in a later request. Retry means the same
+// request is sent again after a backoff, unless the deadline ends first.
+type Attempt struct {
+	Method, Route string
+	Sequences     []int64 // the envelopes the request carried; none on a stream read
+	Status        int     // 0 when Err is set
+	Err           error
+	Answer        wire.Answer
+	Results       []wire.BatchResult
+	Retry         bool
 }
 
 // WithClock sets the clock issued_at is read from (tests).
@@ -179,7 +201,7 @@ func New(baseURL, credential string, signer *envelope.Signer, opts ...Option) (*
 		RetryWaitMax: cfg.backoffMax,
 		// The deadline ends retrying; the count only keeps the loop finite.
 		RetryMax:     1 << 20,
-		CheckRetry:   retryable,
+		CheckRetry:   p.checkRetry,
 		Backoff:      backoff,
 		ErrorHandler: retryablehttp.PassthroughErrorHandler,
 	}

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -95,7 +96,11 @@ func (p *Producer) post(ctx context.Context, batch []Pending, todo []int) ([]wir
 		}
 		body = append(body, "]}"...)
 	}
-	status, raw, err := p.do(ctx, http.MethodPost, route, body)
+	seqs := make([]int64, len(todo))
+	for k, i := range todo {
+		seqs[k] = batch[i].Sequence
+	}
+	status, raw, err := p.do(ctx, http.MethodPost, route, body, seqs)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +150,7 @@ func consistent(a wire.Answer, status int) bool {
 // readStream reads the stream's cursor and replay floor.
 func (p *Producer) readStream(ctx context.Context) (wire.StreamState, error) {
 	var ss wire.StreamState
-	status, raw, err := p.do(ctx, http.MethodGet, wire.StreamPath(p.cfg.stream.ProjectID, p.cfg.stream.ProducerID), nil)
+	status, raw, err := p.do(ctx, http.MethodGet, wire.StreamPath(p.cfg.stream.ProjectID, p.cfg.stream.ProducerID), nil, nil)
 	if err != nil {
 		return ss, fmt.Errorf("producer: read stream: %w", err)
 	}
@@ -164,7 +169,10 @@ func (p *Producer) readStream(ctx context.Context) (wire.StreamState, error) {
 
 // do makes one request with retries and returns the final status and body.
 // The body is given as bytes so every retry sends exactly the same ones.
-func (p *Producer) do(ctx context.Context, method, route string, body []byte) (int, []byte, error) {
+func (p *Producer) do(ctx context.Context, method, route string, body []byte, seqs []int64) (int, []byte, error) {
+	if p.cfg.observe != nil {
+		ctx = context.WithValue(ctx, exchangeKey{}, Attempt{Method: method, Route: route, Sequences: seqs})
+	}
 	var rb any
 	if body != nil {
 		rb = body
@@ -191,6 +199,54 @@ func (p *Producer) do(ctx context.Context, method, route string, body []byte) (i
 		return 0, nil, fmt.Errorf("%w: read answer: %w", ErrUndelivered, err)
 	}
 	return resp.StatusCode, raw, nil
+}
+
+// exchangeKey carries, in a request's context, what checkRetry reports of
+// the request: retryablehttp hands CheckRetry only the context and answer.
+type exchangeKey struct{}
+
+// checkRetry decides with retryable and reports the attempt to the
+// observer. It reads the answer into memory so that the observer and do
+// both see it; retryablehttp drains the copy before a retry.
+func (p *Producer) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	retry, cerr := retryable(ctx, resp, err)
+	a, ok := ctx.Value(exchangeKey{}).(Attempt)
+	if !ok {
+		return retry, cerr
+	}
+	a.Retry = retry
+	switch {
+	case err != nil:
+		a.Err = err
+	case resp != nil:
+		raw, rerr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
+		resp.Body.Close()
+		resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(raw), failedRead{rerr}))
+		if rerr != nil {
+			a.Err = rerr
+			break
+		}
+		a.Status = resp.StatusCode
+		var ba wire.BatchAnswer
+		if a.Route == wire.RouteBatch && a.Status == http.StatusOK && json.Unmarshal(raw, &ba) == nil {
+			a.Results = ba.Results
+		} else if json.Unmarshal(raw, &a.Answer) != nil {
+			a.Answer = wire.Answer{}
+		}
+	}
+	p.cfg.observe(a)
+	return retry, cerr
+}
+
+// failedRead hands do the error the observer's read met, so a cut answer
+// is still no answer.
+type failedRead struct{ err error }
+
+func (f failedRead) Read([]byte) (int, error) {
+	if f.err == nil {
+		return 0, io.EOF
+	}
+	return 0, f.err
 }
 
 // retryable retries what the contract says is safe to retry: 429, 5xx (a

@@ -2,7 +2,9 @@
 // bearer tokens read from (and written to) files, base URLs checked so that a credential never goes
 // somewhere it should not, and one raw POST. Sending envelopes as a device does is the producer
 // module's job (modules/producer); Post is for the tools that must see every answer on the wire as it
-// is — envctl send without a state file (any envelope, any sequence), the chaos harness's ledger.
+// is — envctl send without a state file (any envelope, any sequence), the chaos harness's outbox
+// clients. The chaos harness's devices go through the producer module and watch every answer with
+// producer.WithObserver.
 package access
 
 import (

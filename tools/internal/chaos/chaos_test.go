@@ -249,6 +249,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		t.Fatal(err) // a sequence no envelope holds
 	}
 	ledger.Bad5xx = append(ledger.Bad5xx, `ingest 503 "{\"outcome\":\"accepted\"}"`)
+	ledger.clientError("device-1 stream read answered 401 unauthenticated")
 	late := time.Now().Add(time.Second)
 	receipts[id] = append(receipts[id], Receipt{MessageID: id, Arrived: late, Finished: late, Answer: "500"})
 	receipts["msg_ffffffffffffffffffffffff"] = []Receipt{{MessageID: "msg_ffffffffffffffffffffffff", Arrived: late, Answer: "refused:401"}}
@@ -276,6 +277,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		"unknown_delivery", "bad_delivery", // a request for no message, refused by the verifier
 		"bad_5xx_answer",        // a 5xx that said accepted
 		"accepted_twice",        // a resend answered accepted
+		"client_stopped",        // a device whose producer gave up before the run's end
 		"outbound_sequence_gap", // a stream past its envelopes
 	} {
 		if got[want] == 0 {

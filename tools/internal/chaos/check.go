@@ -74,7 +74,8 @@ type dbMessage struct {
 //     accepted audit row its identity, and every identity is an envelope some client sent (a 5xx
 //     answer either committed all of an envelope or none of it);
 //   - no valid request was refused (contract §7.15: a failing dependency answers 503, never a 4xx), and
-//     every 5xx said refused/unavailable, never accepted;
+//     every 5xx said refused/unavailable, never accepted; no device's producer stopped before the
+//     run's end (a refused stream read, a state it could not save);
 //   - every outbound stream holds exactly the sequences 1..last_sequence (none skipped by a refusal,
 //     a repeat or a group that did not commit);
 //   - every enqueued message exists and is delivered or dead (none lost), a repeated enqueue got the
@@ -144,6 +145,9 @@ WHERE s.tenant_id = $1 AND s.last_sequence <> (
 	defer ledger.mu.Unlock()
 	for _, b := range ledger.Bad5xx {
 		c.fail("bad_5xx_answer", "%s (want outcome refused, reason unavailable)", b)
+	}
+	for _, e := range ledger.ClientErrors {
+		c.fail("client_stopped", "%s", e)
 	}
 	c.checkInbound(ledger, idents, cursors, orphanAudits)
 	c.checkOutbound(ledger, msgs, receipts)

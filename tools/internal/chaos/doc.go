@@ -1,7 +1,8 @@
 // Package chaos is the fault-injection proving ground of issue 7: it drives ingest-api and
 // delivery-worker (several replicas of each, built from this repository) under steady load while it
 // injects faults one family at a time and then mixed, and afterwards holds the database to what the
-// clients were told and what the webhook sink received (Check).
+// clients were told and what the webhook sink received (Check). The devices send through
+// modules/producer and see every answer through producer.WithObserver.
 //
 // Faults: SIGKILL and restart of a replica; a PostgreSQL restart in fast and immediate mode and
 // pg_terminate_backend of random sessions; an in-process Toxiproxy between each binary and

@@ -6,8 +6,11 @@ import (
 	"crypto/ed25519"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/envelopeworker/envelopeworker/modules/producer"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
@@ -56,6 +60,9 @@ type Ledger struct {
 	// Bad5xx are 5xx answers whose body is not {"outcome":"refused","reason":"unavailable"} (contract
 	// §2: a 5xx never says accepted; nothing is acknowledged, retrying is safe).
 	Bad5xx []string
+	// ClientErrors are what stopped a device before the run's end: a refused stream read, a state that
+	// could not be saved, an answer to a sequence that was never saved.
+	ClientErrors []string
 }
 
 // check5xx remembers a 5xx answer that does not say unavailable.
@@ -64,10 +71,32 @@ func (l *Ledger) check5xx(route string, status int, body []byte) {
 	if err := json.Unmarshal(body, &a); err == nil && a.Outcome == wire.OutcomeRefused && a.Reason == wire.ReasonUnavailable {
 		return
 	}
+	l.bad5xx(fmt.Sprintf("%s %d %.200q", route, status, body))
+}
+
+// check5xxAnswer is check5xx for an answer the producer SDK parsed; one that did not parse is empty,
+// so it is remembered too.
+func (l *Ledger) check5xxAnswer(route string, status int, a wire.Answer) {
+	if a.Outcome == wire.OutcomeRefused && a.Reason == wire.ReasonUnavailable {
+		return
+	}
+	l.bad5xx(fmt.Sprintf("%s %d outcome %q reason %q", route, status, a.Outcome, a.Reason))
+}
+
+func (l *Ledger) bad5xx(what string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.Bad5xx) < 100 {
-		l.Bad5xx = append(l.Bad5xx, fmt.Sprintf("%s %d %.200q", route, status, body))
+		l.Bad5xx = append(l.Bad5xx, what)
+	}
+}
+
+// clientError remembers what stopped a device's traffic early, which a valid client must never meet.
+func (l *Ledger) clientError(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.ClientErrors) < 100 {
+		l.ClientErrors = append(l.ClientErrors, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -103,12 +132,6 @@ func (l *Ledger) StatusSummary() string {
 	return b.String()
 }
 
-// answerBody reads both ingest routes' answers: a single answer, or a batch's results.
-type answerBody struct {
-	wire.BatchResult
-	Results []wire.BatchResult `json:"results"`
-}
-
 // loadConfig is one scenario's traffic.
 type loadConfig struct {
 	Tenant, Project string
@@ -133,24 +156,42 @@ type ProducerCred struct {
 }
 
 type load struct {
-	cfg    loadConfig
-	ledger *Ledger
-	client *http.Client
-	rr     atomic.Uint64
+	cfg       loadConfig
+	ledger    *Ledger
+	client    *http.Client // the outbox clients'
+	devices   *http.Client // the producers': each request to the next replica
+	transport *http.Transport
+	rr        atomic.Uint64
 }
 
 func newLoad(cfg loadConfig, ledger *Ledger) *load {
-	return &load{cfg: cfg, ledger: ledger, client: &http.Client{
-		Timeout: 5 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second,
-			DisableCompression: true, Proxy: nil},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	l := &load{cfg: cfg, ledger: ledger, transport: &http.Transport{MaxIdleConnsPerHost: 16,
+		IdleConnTimeout: 30 * time.Second, DisableCompression: true, Proxy: nil}}
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	l.client = &http.Client{Timeout: 5 * time.Second, Transport: l.transport, CheckRedirect: noRedirect}
+	l.devices = &http.Client{Timeout: 5 * time.Second, Transport: replicas{l}, CheckRedirect: noRedirect}
+	return l
 }
 
-func (l *load) url(route string) string {
+func (l *load) replica() string {
 	urls := l.cfg.URLs()
-	return urls[l.rr.Add(1)%uint64(len(urls))] + route
+	return urls[l.rr.Add(1)%uint64(len(urls))]
+}
+
+func (l *load) url(route string) string { return l.replica() + route }
+
+// replicas sends each request to the next ingest replica in turn: the producer SDK has one base URL,
+// and the chaos load must spread over every replica as a load balancer would.
+type replicas struct{ l *load }
+
+func (r replicas) RoundTrip(req *http.Request) (*http.Response, error) {
+	u, err := url.Parse(r.l.replica())
+	if err != nil {
+		return nil, fmt.Errorf("replica url: %w", err)
+	}
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host, req.Host = u.Scheme, u.Host, ""
+	return r.l.transport.RoundTrip(req)
 }
 
 // run sends traffic until stop ends, then finishes every request in hand (retrying until an answer)
@@ -173,7 +214,7 @@ func (l *load) run(stop, drain context.Context) {
 		}
 	}
 	wg.Wait()
-	l.client.CloseIdleConnections()
+	l.transport.CloseIdleConnections()
 }
 
 func pace(ctx context.Context, next *time.Time, every time.Duration) bool {
@@ -201,24 +242,8 @@ func backoff(ctx context.Context, try int) bool {
 	}
 }
 
-func (l *load) sign(p ProducerCred, seq int64) (*SentEnvelope, error) {
-	payload, err := json.Marshal(map[string]any{"n": seq, "device": p.Device})
-	if err != nil {
-		return nil, fmt.Errorf("payload: %w", err)
-	}
-	e, err := envelope.Sign(envelope.Draft{
-		TenantID: l.cfg.Tenant, ProjectID: l.cfg.Project, ProducerID: p.Device,
-		EventID: fmt.Sprintf("%s-%d", p.Device, seq), IdempotencyKey: fmt.Sprintf("k-%s-%d", p.Device, seq),
-		KeyID: p.KeyID, Sequence: seq, IssuedAt: time.Now().UTC().Truncate(time.Millisecond),
-		Metadata: envelope.Metadata{Kind: "chaos.sample"}, Payload: payload,
-	}, p.Key)
-	if err != nil {
-		return nil, fmt.Errorf("sign %s/%d: %w", p.Device, seq, err)
-	}
-	return &SentEnvelope{Producer: p.Device, Project: l.cfg.Project, Sequence: seq,
-		EventIdentity: e.EventIdentity(), ContentDigest: e.ContentDigest(), Canonical: e.Canonical()}, nil
-}
-
+// record counts one answer for s. A 429 or 5xx (whole request or batch item) and a transport error are
+// no answer: the producer sends the envelope again.
 func (l *load) record(s *SentEnvelope, a wire.BatchResult, status int) {
 	l.ledger.mu.Lock()
 	defer l.ledger.mu.Unlock()
@@ -227,45 +252,199 @@ func (l *load) record(s *SentEnvelope, a wire.BatchResult, status int) {
 		if s.Acks > 0 && a.Outcome == wire.OutcomeAccepted {
 			s.Twice = true
 		}
+		if a.Outcome == wire.OutcomeDuplicate {
+			// Shown in the summary: the resends after a simulated crash are being made.
+			l.ledger.Statuses["duplicate answers"]++
+		}
 		s.Outcome = string(a.Outcome)
 		s.Acks++
 		if a.Cursor != nil && *a.Cursor > s.MaxCursor {
 			s.MaxCursor = *a.Cursor
 		}
-	case status >= 500 || status == 0:
+	case status >= 500 || status == 0 || status == http.StatusTooManyRequests:
 		s.Failures++
 	default:
-		s.Outcome = "refused:" + strconv.Itoa(status) + ":" + string(a.Reason)
+		reason := a.Reason
+		if a.Outcome == "" {
+			reason = "unreadable_answer"
+		}
+		s.Outcome = "refused:" + strconv.Itoa(status) + ":" + string(reason)
 	}
 }
 
-// produce sends one stream in order: singles, or batches of 5 when batch. Each request is retried with
-// the same bytes until a definitive answer; every tenth envelope is sent once more, which must be a
-// duplicate.
-func (l *load) produce(stop, drain context.Context, p ProducerCred, rate float64, batch bool) {
+// device is one producer's stream as the chaos clients drive it: the producer SDK signs, numbers,
+// saves and sends, and device records every envelope it saves and every answer it observes.
+type device struct {
+	l     *load
+	cred  ProducerCred
+	drain context.Context
+	// bySeq is the envelope last saved at each sequence: a sequence refused without retention is used
+	// again by the next event, and from then on its answers are that envelope's.
+	bySeq map[int64]*SentEnvelope
+	// sent is the state saved before the latest send: the envelopes of that send still pending, as a
+	// device that crashed before the answer would find them.
+	sent producer.State
+}
+
+// deviceStore is a MemoryStore that shows the device every state the producer saves.
+type deviceStore struct {
+	producer.MemoryStore
+	d *device
+}
+
+func (s *deviceStore) Save(ctx context.Context, st producer.State) error {
+	if err := s.d.saved(st); err != nil {
+		return err
+	}
+	return s.MemoryStore.Save(ctx, st)
+}
+
+// saved adds to the ledger every envelope the producer is about to send for the first time.
+func (d *device) saved(st producer.State) error {
+	fresh := false
+	for _, pd := range st.Pending {
+		if s := d.bySeq[pd.Sequence]; s != nil && bytes.Equal(s.Canonical, pd.Envelope) {
+			continue
+		}
+		e, err := envelope.Parse(pd.Envelope)
+		if err != nil {
+			return fmt.Errorf("chaos: the producer saved an envelope it cannot have signed: %w", err)
+		}
+		s := &SentEnvelope{Producer: d.cred.Device, Project: d.l.cfg.Project, Sequence: pd.Sequence,
+			EventIdentity: e.EventIdentity(), ContentDigest: e.ContentDigest(), Canonical: bytes.Clone(pd.Envelope)}
+		d.bySeq[pd.Sequence] = s
+		d.l.ledger.mu.Lock()
+		d.l.ledger.Envelopes = append(d.l.ledger.Envelopes, s)
+		d.l.ledger.mu.Unlock()
+		fresh = true
+	}
+	if fresh {
+		d.sent = producer.State{Last: st.Last, Free: slices.Clone(st.Free), Pending: slices.Clone(st.Pending)}
+	}
+	return nil
+}
+
+// observe records one exchange the producer made.
+func (d *device) observe(a producer.Attempt) {
+	if d.drain.Err() != nil {
+		return // the run is over; an answer cut short by it says nothing
+	}
+	name := "ingest"
+	switch {
+	case a.Method == http.MethodGet:
+		name = "stream"
+	case a.Route == wire.RouteBatch:
+		name = "batch"
+	}
+	d.l.ledger.count(name, a.Status, a.Err)
+	if a.Err == nil && a.Status >= 500 {
+		d.l.ledger.check5xxAnswer(name, a.Status, a.Answer)
+	}
+	if a.Method == http.MethodGet {
+		if a.Err == nil && a.Status != http.StatusOK && a.Status != http.StatusTooManyRequests && a.Status < 500 {
+			d.l.ledger.clientError("%s stream read answered %d %s", d.cred.Device, a.Status, a.Answer.Reason)
+		}
+		return
+	}
+	group := make([]*SentEnvelope, len(a.Sequences))
+	for i, seq := range a.Sequences {
+		if group[i] = d.bySeq[seq]; group[i] == nil {
+			d.l.ledger.clientError("%s sent sequence %d without saving it first", d.cred.Device, seq)
+			return
+		}
+	}
+	switch {
+	case a.Err != nil || a.Status >= 500 || a.Status == http.StatusTooManyRequests:
+		for _, s := range group {
+			d.l.record(s, wire.BatchResult{}, 0)
+		}
+	case a.Route != wire.RouteBatch:
+		d.l.record(group[0], wire.BatchResult{Answer: a.Answer}, a.Status)
+	case a.Status != http.StatusOK || len(a.Results) != len(group):
+		for _, s := range group {
+			d.l.record(s, wire.BatchResult{Answer: a.Answer}, max(a.Status, 400))
+		}
+	default:
+		for i, s := range group {
+			r := a.Results[i]
+			if r.Status >= 500 {
+				d.l.ledger.check5xxAnswer(name+"-item", r.Status, r.Answer)
+			}
+			d.l.record(s, r, r.Status)
+		}
+	}
+}
+
+// producer makes the device's producer over st: the chaos run's own client (round-robin over the
+// replicas, 5 s per attempt), retrying until the drain ends.
+func (d *device) producer(st producer.State) (*producer.Producer, error) {
+	signer, err := envelope.NewSigner(d.cred.KeyID, d.cred.Key)
+	if err != nil {
+		return nil, fmt.Errorf("signer %s: %w", d.cred.Device, err)
+	}
+	store := &deviceStore{d: d}
+	if err := store.MemoryStore.Save(d.drain, st); err != nil {
+		return nil, err
+	}
+	p, err := producer.New(d.l.cfg.URLs()[0], d.cred.Token, signer,
+		producer.WithStream(producer.Stream{TenantID: d.l.cfg.Tenant, ProjectID: d.l.cfg.Project, ProducerID: d.cred.Device}),
+		producer.WithStore(store),
+		producer.WithHTTPClient(d.l.devices),
+		producer.WithBackoff(50*time.Millisecond, 500*time.Millisecond),
+		producer.WithDeadline(24*time.Hour), // the drain ends retrying
+		producer.WithObserver(d.observe))
+	if err != nil {
+		return nil, fmt.Errorf("producer %s: %w", d.cred.Device, err)
+	}
+	return p, nil
+}
+
+// produce sends one stream in order through the producer SDK: single events, or batches of 5 when
+// batch; the SDK retries each request with the same bytes until a definitive answer. After every tenth
+// answered send the device restarts as if it had crashed before recording the answer: a fresh producer
+// over the state saved before that send re-sends its envelopes byte for byte, which must be duplicates.
+func (l *load) produce(stop, drain context.Context, cred ProducerCred, rate float64, batch bool) {
 	size := 1
 	if batch {
 		size = 5
 	}
+	d := &device{l: l, cred: cred, drain: drain, bySeq: map[int64]*SentEnvelope{}}
+	p, err := d.producer(producer.State{})
+	if err != nil {
+		l.ledger.clientError("%v", err)
+		return
+	}
 	every := time.Duration(float64(time.Second) * float64(size) / rate)
 	next := time.Now()
-	seq := int64(1)
-	for stop.Err() == nil {
-		group := make([]*SentEnvelope, 0, size)
-		for range size {
-			s, err := l.sign(p, seq)
+	n := 0
+	for sends := 1; stop.Err() == nil; sends++ {
+		evs := make([]producer.Event, size)
+		for i := range evs {
+			n++
+			evs[i] = producer.Event{
+				EventID: fmt.Sprintf("%s-%d", cred.Device, n), IdempotencyKey: fmt.Sprintf("k-%s-%d", cred.Device, n),
+				Metadata: envelope.Metadata{Kind: "chaos.sample"},
+				Payload:  fmt.Appendf(nil, `{"device":%q,"n":%d}`, cred.Device, n),
+				IssuedAt: time.Now().UTC().Truncate(time.Millisecond),
+			}
+		}
+		if batch {
+			_, err = p.SendBatch(drain, evs)
+		} else {
+			_, err = p.Send(drain, evs[0])
+		}
+		if err != nil {
+			d.failed(err)
+			return
+		}
+		if sends%10 == 0 {
+			if p, err = d.producer(d.sent); err == nil {
+				_, err = p.Resume(drain)
+			}
 			if err != nil {
+				d.failed(err)
 				return
 			}
-			seq++
-			group = append(group, s)
-		}
-		l.ledger.mu.Lock()
-		l.ledger.Envelopes = append(l.ledger.Envelopes, group...)
-		l.ledger.mu.Unlock()
-		l.send(drain, p, group, batch)
-		if group[0].Sequence%10 == 0 && group[0].Outcome != "" {
-			l.send(drain, p, group, batch)
 		}
 		if !pace(stop, &next, every) {
 			break
@@ -273,64 +452,13 @@ func (l *load) produce(stop, drain context.Context, p ProducerCred, rate float64
 	}
 }
 
-// send posts group (one envelope, or a batch) until every item has a definitive answer or ctx ends.
-func (l *load) send(ctx context.Context, p ProducerCred, group []*SentEnvelope, batch bool) {
-	route, name := wire.RouteEnvelopes, "ingest"
-	var body []byte
-	if batch {
-		route, name = wire.RouteBatch, "batch"
-		var b bytes.Buffer
-		b.WriteString(`{"envelopes":[`)
-		for i, s := range group {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.Write(s.Canonical)
-		}
-		b.WriteString(`]}`)
-		body = b.Bytes()
-	} else {
-		body = group[0].Canonical
-	}
-	for try := 0; ctx.Err() == nil; try++ {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ans, err := access.Post(rctx, l.client, l.url(route), p.Token, body, nil)
-		cancel()
-		if ctx.Err() != nil {
-			return // the run is over; an answer cut short by it says nothing
-		}
-		l.ledger.count(name, ans.Status, err)
-		if err == nil && ans.Status >= 500 {
-			l.ledger.check5xx(name, ans.Status, ans.Body)
-		}
-		if err != nil || ans.Status >= 500 || ans.Status == http.StatusTooManyRequests {
-			for _, s := range group {
-				l.record(s, wire.BatchResult{}, 0)
-			}
-			if !backoff(ctx, try) {
-				return
-			}
-			continue
-		}
-		var a answerBody
-		if jerr := json.Unmarshal(ans.Body, &a); jerr != nil {
-			a.Outcome, a.Reason = wire.OutcomeRefused, "unreadable_answer"
-		}
-		if !batch {
-			l.record(group[0], a.BatchResult, ans.Status)
-			return
-		}
-		if ans.Status != http.StatusOK || len(a.Results) != len(group) {
-			for _, s := range group {
-				l.record(s, a.BatchResult, max(ans.Status, 400))
-			}
-			return
-		}
-		for i, s := range group {
-			l.record(s, a.Results[i], a.Results[i].Status)
-		}
+// failed ends a device's traffic: undelivered when the drain ended is the run's end; anything else (a
+// refused stream read, a state the producer could not save) is a violation.
+func (d *device) failed(err error) {
+	if errors.Is(err, producer.ErrUndelivered) && d.drain.Err() != nil {
 		return
 	}
+	d.l.ledger.clientError("%s: %v", d.cred.Device, err)
 }
 
 func (l *load) outboxBody(key string, n int) []byte {
