@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -80,10 +81,16 @@ func (p *Provider) Tracer(name string) trace.Tracer {
 	return p.tp.Tracer(name, trace.WithInstrumentationVersion(instrumentationVersion))
 }
 
-// Shutdown flushes the spans still queued and stops the exporter. ctx bounds
-// how long that may take (a collector that does not answer must not hold up
-// a SIGTERM past the binary's grace).
+// FlushTimeout bounds Shutdown: a collector that does not answer must not
+// hold a terminating binary past its grace.
+const FlushTimeout = 5 * time.Second
+
+// Shutdown flushes the spans still queued and stops the exporter, within
+// FlushTimeout. ctx's values are kept but not its cancellation: at shutdown
+// ctx is usually the signal's context, already done.
 func (p *Provider) Shutdown(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FlushTimeout)
+	defer cancel()
 	if err := p.shutdown(ctx); err != nil {
 		return fmt.Errorf("telemetry: flush spans: %w", err)
 	}
