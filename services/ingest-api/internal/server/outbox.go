@@ -36,6 +36,9 @@ type outboxRequest struct {
 	ProjectID, Topic, IdempotencyKey, Kind string
 	Payload                                []byte
 	MaxAttempts                            int
+	// Traceparent is not a body member: it is the enqueue's trace
+	// (outboundTraceparent), written into the envelope's metadata.
+	Traceparent string
 }
 
 var outboxMembers = map[string]bool{
@@ -168,7 +171,7 @@ func enqueueItem(actor store.Actor, producer string, r outboxRequest, jcs []byte
 				KeyID:          sg.keyID,
 				Sequence:       seq,
 				IssuedAt:       issuedAt,
-				Metadata:       envelope.Metadata{Kind: r.Kind},
+				Metadata:       envelope.Metadata{Kind: r.Kind, Traceparent: r.Traceparent},
 				Payload:        r.Payload,
 			}, sg.priv)
 			if err != nil {
@@ -277,8 +280,11 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return s.refuse(c, reasonNoSigningKey)
 	}
 	st := state(c)
+	r.Traceparent = s.outboundTraceparent(c)
 	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
+	committed := st.phase(spanCommit, groupedCommit)
 	a, err := s.outboxCommit.submit(ctx, item)
+	committed()
 	if errors.Is(err, store.ErrInvalid) {
 		// Everything the store checks was checked above, except the
 		// credential's device as a producer id.
@@ -357,6 +363,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 	var items []store.EnqueueItem
 	var itemOf []int // replies index of each store item
 	issuedAt := s.issuedAt()
+	traceparent := s.outboundTraceparent(c)
 	for i, raw := range raws {
 		switch r, jcs, ok := parseOutboxRequest(raw); {
 		case i >= processed:
@@ -366,6 +373,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		case !hasKey:
 			replies[i].reason = reasonNoSigningKey
 		default:
+			r.Traceparent = traceparent
 			items = append(items, enqueueItem(actor, id.DeviceID, r, jcs, sg, issuedAt))
 			itemOf = append(itemOf, i)
 		}
@@ -374,9 +382,11 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		// Detached from the request: once sent, the transaction decides for
 		// every item, and a client gone meanwhile must not leave it half
 		// answered (it commits or it does not).
+		committed := st.phase(spanCommit)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
 		answers, err := s.store.EnqueueBatch(cctx, items)
 		cancel()
+		committed()
 		if err == nil && len(answers) != len(items) {
 			err = errors.New("store returned an answer count unlike the item count")
 		}

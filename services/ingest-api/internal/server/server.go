@@ -130,7 +130,9 @@
 // idempotency_conflict or 422 no_endpoint, or enqueues (201) the envelope
 // signed here: producer_id is the credential's device, event_id "ob-" and
 // 32 random hex digits, issued_at the server clock in whole milliseconds,
-// metadata {"kind"}. "Same request content" is SHA-256 of the JCS of the
+// metadata {"kind"} plus "traceparent" when the request had a trace (the
+// enqueue's span, or its valid traceparent header with tracing off; see
+// trace.go), so that deliveries join the trace of what caused them. "Same request content" is SHA-256 of the JCS of the
 // body. The outbox limiter sits where the sync limiter sits on the envelope
 // routes (step 1b, before the role check), so a refused request costs no
 // parsing and no database work, and a credential of the wrong role is
@@ -177,7 +179,8 @@
 // X-Correlation-Id, a random 128-bit id made per request, which is also in
 // every log line of the request and in its audit rows; a valid W3C
 // traceparent header (version 00) is logged with it, an invalid one is
-// ignored. /healthz is liveness only (it never touches the database);
+// ignored. The envelope and outbox POST routes also make OpenTelemetry
+// spans when tracing is on (trace.go). /healthz is liveness only (it never touches the database);
 // /readyz checks that the database answers and that its schema is at or
 // above migrations.Latest(), the version this build needs (contract §8.1: a
 // later release's migration never makes this one unready), from a shared
@@ -198,12 +201,14 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
@@ -241,6 +246,8 @@ type Config struct {
 	// OutboundKeys signs outbox envelopes; nil means no tenant has a key
 	// (every POST /v1/outbox is 422 no_signing_key).
 	OutboundKeys outboundkeys.Source
+	// Tracing makes the spans of trace.go; nil: off.
+	Tracing *telemetry.Provider
 }
 
 // ErrConfig reports an unusable Config.
@@ -276,6 +283,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.OutboundKeys == nil {
 		c.OutboundKeys = outboundkeys.None{}
+	}
+	if c.Tracing == nil {
+		c.Tracing = telemetry.Disabled()
 	}
 	if c.OutboxLimit == (limiter.Policy{}) {
 		c.OutboxLimit = c.SyncLimit
@@ -315,6 +325,7 @@ type Server struct {
 	keys         outboundkeys.Source
 	ready        *store.Readiness
 	echo         *echo.Echo
+	tracer       trace.Tracer
 }
 
 // New builds the server over st. Metrics register on reg (use a private
@@ -352,6 +363,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
 		activeKeys: newActiveKeys(time.Now),
 		keys:       cfg.OutboundKeys,
+		tracer:     cfg.Tracing.Tracer(TracerName),
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
@@ -386,13 +398,13 @@ func (s *Server) routes() *echo.Echo {
 	e.GET("/readyz", s.readyz)
 
 	// The producer routes' paths are the wire package's, which producers post to.
-	e.POST(wire.RouteEnvelopes, s.postEnvelope)
-	e.POST(wire.RouteBatch, s.postBatch)
+	e.POST(wire.RouteEnvelopes, s.traced(s.postEnvelope))
+	e.POST(wire.RouteBatch, s.traced(s.postBatch))
 	v1 := e.Group("/v1")
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
-	v1.POST("/outbox", s.postOutbox)
-	v1.POST("/outbox/batch", s.postOutboxBatch)
+	v1.POST("/outbox", s.traced(s.postOutbox))
+	v1.POST("/outbox/batch", s.traced(s.postOutboxBatch))
 	v1.GET("/outbox/:id", s.getOutboxMessage)
 	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
 	v1.GET("/dead-letters", s.getDeadLetters)
