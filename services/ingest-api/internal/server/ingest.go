@@ -284,7 +284,7 @@ func (s *Server) postEnvelope(c echo.Context) error {
 	}
 	verified()
 	st.envelopeParent(dec)
-	committed := st.phase(spanCommit, groupedCommit)
+	committed := st.groupedPhase(spanCommit)
 	res, err := s.commit.submit(ctx, dec.item)
 	committed()
 	if err == nil && res.Outcome == store.OutcomeStale {
@@ -297,7 +297,7 @@ func (s *Server) postEnvelope(c echo.Context) error {
 		}
 		verified()
 		st.envelopeParent(dec)
-		committed = st.phase(spanCommit, groupedCommit)
+		committed = st.groupedPhase(spanCommit)
 		res, err = s.commit.submit(ctx, dec.item)
 		committed()
 	}

@@ -282,7 +282,7 @@ func (s *Server) postOutbox(c echo.Context) error {
 	st := state(c)
 	r.Traceparent = s.outboundTraceparent(c)
 	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
-	committed := st.phase(spanCommit, groupedCommit)
+	committed := st.groupedPhase(spanCommit)
 	a, err := s.outboxCommit.submit(ctx, item)
 	committed()
 	if errors.Is(err, store.ErrInvalid) {

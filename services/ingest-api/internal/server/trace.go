@@ -65,7 +65,7 @@ const (
 type phase struct {
 	name       string
 	start, end time.Time
-	attrs      []attribute.KeyValue
+	grouped    bool // a group commit's shared transaction
 }
 
 // itemTrace is a batch item that gets its own span.
@@ -92,13 +92,20 @@ func noop() {}
 
 // phase starts timing a step; the returned func ends it. Without tracing
 // it records nothing and allocates nothing.
-func (st *reqState) phase(name string, attrs ...attribute.KeyValue) func() {
+func (st *reqState) phase(name string) func() { return st.timed(name, false) }
+
+// groupedPhase is phase for a commit through a group committer.
+func (st *reqState) groupedPhase(name string) func() { return st.timed(name, true) }
+
+func (st *reqState) timed(name string, grouped bool) func() {
 	rt := st.trace
 	if rt == nil {
 		return noop
 	}
 	start := time.Now()
-	return func() { rt.phases = append(rt.phases, phase{name: name, start: start, end: time.Now(), attrs: attrs}) }
+	return func() {
+		rt.phases = append(rt.phases, phase{name: name, start: start, end: time.Now(), grouped: grouped})
+	}
 }
 
 // traced wraps a route that makes spans; with tracing off it is the route
@@ -112,7 +119,14 @@ func (s *Server) traced(next echo.HandlerFunc) echo.HandlerFunc {
 		method := c.Request().Method
 		rt := &reqTrace{tracer: s.tracer, method: method, name: method + " " + st.route}
 		st.trace = rt
-		defer func() { rt.finish(c, st, err) }()
+		defer func() {
+			if r := recover(); r != nil {
+				// recoverPanic (outside) answers it; the span only says so.
+				rt.finish(c, st, errPanic)
+				panic(r)
+			}
+			rt.finish(c, st, err)
+		}()
 		return next(c)
 	}
 }
@@ -144,7 +158,10 @@ func (rt *reqTrace) begin(st *reqState) {
 func (rt *reqTrace) finish(c echo.Context, st *reqState, err error) {
 	rt.begin(st)
 	for _, p := range rt.phases {
-		_, sp := rt.tracer.Start(rt.ctx, p.name, trace.WithTimestamp(p.start), trace.WithAttributes(p.attrs...))
+		_, sp := rt.tracer.Start(rt.ctx, p.name, trace.WithTimestamp(p.start))
+		if p.grouped {
+			sp.SetAttributes(telemetry.AttrGroupCommit.Bool(true))
+		}
 		sp.End(trace.WithTimestamp(p.end))
 	}
 	now := time.Now()
@@ -155,6 +172,9 @@ func (rt *reqTrace) finish(c echo.Context, st *reqState, err error) {
 		sp.End(trace.WithTimestamp(now))
 	}
 	status := c.Response().Status
+	if err == errPanic {
+		status = http.StatusInternalServerError // what recoverPanic will answer
+	}
 	rt.span.SetAttributes(attribute.Int("http.response.status_code", status))
 	if st.outcome != "" {
 		rt.span.SetAttributes(telemetry.AttrOutcome.String(st.outcome))
@@ -220,7 +240,3 @@ func (s *Server) outboundTraceparent(c echo.Context) string {
 	st.trace.begin(st)
 	return telemetry.Traceparent(st.trace.ctx)
 }
-
-// groupedCommit marks a commit span that covers a transaction shared with
-// concurrent requests (the group committers).
-var groupedCommit = telemetry.AttrGroupCommit.Bool(true)
