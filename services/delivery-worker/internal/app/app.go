@@ -18,10 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/config"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
@@ -80,6 +82,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	})
 	defer snd.Close()
 
+	// Off unless OTEL_* configure an exporter (see modules/telemetry).
+	tracing, err := telemetry.Setup(ctx, "delivery-worker", buildinfo.Get().Version, getenv)
+	if err != nil {
+		return err
+	}
+	// Deferred first, so it runs last: after the worker's in-flight attempts
+	// ended their spans.
+	defer func() {
+		if err := tracing.Shutdown(ctx); err != nil {
+			log.Warn("spans not flushed", slog.String("error", err.Error()))
+		}
+	}()
+
 	reg := worker.NewRegistry()
 	m := worker.NewMetrics(reg)
 	w, err := worker.New(worker.Config{
@@ -91,6 +106,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Grace:             cfg.ShutdownGrace,
 		StoreTimeout:      cfg.StoreTimeout,
 		StatsInterval:     15 * time.Second,
+		Tracing:           tracing,
 	}, cfg.HTTPTimeout, st, snd, lim, log, m)
 	if err != nil {
 		return err

@@ -44,6 +44,8 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
+
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/netguard"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/signer"
@@ -221,6 +223,9 @@ func (s *Sender) Send(ctx context.Context, m Message) (Result, error) {
 		return classifyErr(err), nil
 	}
 	req.Header.Set("User-Agent", s.cfg.UserAgent)
+	// The attempt's trace context (see worker.startAttempt); none when the
+	// envelope has no traceparent and tracing is off.
+	telemetry.Inject(ctx, req.Header)
 
 	resp, err := s.client.Do(req)
 	if resp != nil {

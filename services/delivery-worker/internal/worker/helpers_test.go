@@ -27,6 +27,7 @@ import (
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/secrets"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
 )
@@ -174,6 +175,7 @@ type opts struct {
 	grace                 time.Duration
 	lease, httpTimeout    time.Duration // 0: 30s and 5s
 	log                   io.Writer     // the worker's JSON log; nil: discarded
+	tracing               *telemetry.Provider
 }
 
 // newWorker builds a worker on its own pool, delivering to loopback with a
@@ -226,6 +228,7 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 	w, err := New(Config{
 		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
+		Tracing: o.tracing,
 	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
 	if err != nil {
 		t.Fatal(err)

@@ -65,8 +65,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/delivery-worker/internal/sender"
 )
 
@@ -99,6 +102,8 @@ type Config struct {
 	// Now is the clock for lease deadlines and next attempt times (nil:
 	// time.Now).
 	Now func() time.Time
+	// Tracing makes one span per attempt (nil: off, see trace.go).
+	Tracing *telemetry.Provider
 }
 
 // settleMargin is the part of the lease kept for settling.
@@ -137,6 +142,8 @@ type Worker struct {
 	m       *Metrics
 	slots   *slots
 	settles settler
+	tracer  trace.Tracer
+	tracing bool
 }
 
 // New builds a Worker. httpTimeout is the sender's, checked against the
@@ -157,11 +164,15 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 	if cfg.TenantRefresh == 0 {
 		cfg.TenantRefresh = min(cfg.PollInterval, 100*time.Millisecond)
 	}
+	if cfg.Tracing == nil {
+		cfg.Tracing = telemetry.Disabled()
+	}
 	if err := cfg.Validate(httpTimeout); err != nil {
 		return nil, err
 	}
 	return &Worker{cfg: cfg, store: st, sender: snd, limiter: lim, log: log, m: m,
-		slots: newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax)}, nil
+		slots:  newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax),
+		tracer: cfg.Tracing.Tracer(TracerName), tracing: cfg.Tracing.Enabled()}, nil
 }
 
 // Run delivers until ctx ends, then stops claiming and gives in-flight
@@ -358,6 +369,7 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	actx, cancel := context.WithDeadline(ctx, sendBy)
 	defer cancel()
 	start := time.Now()
+	actx, span := w.startAttempt(actx, c)
 	var res sender.Result
 	var err error
 	switch {
@@ -380,6 +392,7 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
 	}
 	answered()
+	w.endAttempt(span, res, err)
 	took := time.Since(start)
 	elapsed := took.Seconds()
 	if err != nil {

@@ -14,10 +14,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/modules/httpserve"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/config"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/server"
@@ -62,8 +64,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		log.Info("outbound signing keys loaded", slog.Int("tenants", keysFile.Tenants()))
 	}
 
+	// Off unless OTEL_* configure an exporter (see modules/telemetry).
+	tracing, err := telemetry.Setup(ctx, "ingest-api", buildinfo.Get().Version, getenv)
+	if err != nil {
+		return err
+	}
+	// Deferred before the server exists, so it runs after srv.Close: every
+	// request has ended its spans by then.
+	defer func() {
+		if err := tracing.Shutdown(ctx); err != nil {
+			log.Warn("spans not flushed", slog.String("error", err.Error()))
+		}
+	}()
+
 	reg := server.NewRegistry()
 	srv, err := server.New(server.Config{
+		Tracing:                tracing,
 		OutboundKeys:           keys,
 		PayloadRetention:       cfg.PayloadRetention,
 		ReplayWindow:           cfg.ReplayWindow,

@@ -24,7 +24,9 @@ func (s *Server) admit(c echo.Context) (store.Identity, bool) {
 	if !s.spend(c, limiterPeer, d, err) {
 		return store.Identity{}, false
 	}
+	authenticated := state(c).phase(spanAuthenticate)
 	id, err := s.authenticate(ctx, c.Request().Header.Get(echo.HeaderAuthorization))
+	authenticated()
 	if errors.Is(err, errUnauthenticated) {
 		s.refuse(c, reasonUnauthenticated, authDetail(err))
 		return store.Identity{}, false
@@ -274,20 +276,30 @@ func (s *Server) postEnvelope(c echo.Context) error {
 	idem := idempotencyHeader{present: len(values) > 0, values: values}
 	var dec decision
 	var err error
+	verified := st.phase(spanVerify)
 	if id.Role != store.RoleDevice {
 		dec = refusalDecision(actor, "", "", reasonForbidden, detailRoleDevice)
 	} else if dec, err = s.decide(ctx, actor, body, idem, keyCache{}, s.activeKeys, s.cfg.Now()); err != nil {
 		return s.storeFailure(c, err)
 	}
+	verified()
+	st.envelopeParent(dec)
+	committed := st.groupedPhase(spanCommit)
 	res, err := s.commit.submit(ctx, dec.item)
+	committed()
 	if err == nil && res.Outcome == store.OutcomeStale {
 		// The key changed since it was cached: decide again from a fresh
 		// lookup, without the cache (the store then checks nothing more).
 		s.activeKeys.drop(actor.TenantID, dec.item.Ingest.KeyID)
+		verified = st.phase(spanVerify)
 		if dec, err = s.decide(ctx, actor, body, idem, keyCache{}, nil, s.cfg.Now()); err != nil {
 			return s.storeFailure(c, err)
 		}
+		verified()
+		st.envelopeParent(dec)
+		committed = st.groupedPhase(spanCommit)
 		res, err = s.commit.submit(ctx, dec.item)
+		committed()
 	}
 	if err != nil {
 		return s.storeFailure(c, opError{"ingest", err})
@@ -338,6 +350,7 @@ func (s *Server) postBatch(c echo.Context) error {
 	processed := len(raws)
 	now := s.cfg.Now()
 	keys := keyCache{}
+	verified := st.phase(spanVerify)
 	for i, raw := range raws {
 		if i > 0 {
 			d, err := s.takeSync(ctx, id)
@@ -356,13 +369,17 @@ func (s *Server) postBatch(c echo.Context) error {
 		}
 	}
 
+	verified()
+
 	items := make([]store.BatchItem, processed)
 	for i := range processed {
 		items[i] = decisions[i].item
 	}
+	committed := st.phase(spanCommit)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
 	storeResults, err := s.store.IngestBatch(cctx, items)
 	cancel()
+	committed()
 	if err == nil && len(storeResults) != len(items) {
 		err = errors.New("store returned a result count unlike the item count")
 	}
@@ -382,6 +399,7 @@ func (s *Server) postBatch(c echo.Context) error {
 		results[i] = batchResult{Answer: a, Status: a.Reason.Status()}
 	}
 	st.outcome, st.reason, st.items = "batch", "", len(results)
+	st.traceItems(decisions[:processed], results)
 	writeJSON(c, http.StatusOK, batchAnswer{Results: results})
 	return nil
 }

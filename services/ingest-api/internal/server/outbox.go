@@ -25,6 +25,9 @@ type outboxRequest struct {
 	ProjectID, Topic, IdempotencyKey, Kind string
 	Payload                                []byte
 	MaxAttempts                            int
+	// Traceparent is not a body member: it is the enqueue's trace
+	// (outboundTraceparent), written into the envelope's metadata.
+	Traceparent string
 }
 
 var outboxMembers = map[string]bool{
@@ -163,7 +166,7 @@ func enqueueItem(actor store.Actor, producer string, r outboxRequest, jcs []byte
 				KeyID:          sg.keyID,
 				Sequence:       seq,
 				IssuedAt:       issuedAt,
-				Metadata:       envelope.Metadata{Kind: r.Kind},
+				Metadata:       envelope.Metadata{Kind: r.Kind, Traceparent: r.Traceparent},
 				Payload:        r.Payload,
 			}, sg.priv)
 			if err != nil {
@@ -273,8 +276,11 @@ func (s *Server) postOutbox(c echo.Context) error {
 		return s.refuse(c, reasonNoSigningKey, detailNoSigningKey)
 	}
 	st := state(c)
+	r.Traceparent = s.outboundTraceparent(c)
 	item := enqueueItem(actorOf(id, st.correlationID), id.DeviceID, r, jcs, sg, s.issuedAt())
+	committed := st.groupedPhase(spanCommit)
 	a, err := s.outboxCommit.submit(ctx, item)
+	committed()
 	if errors.Is(err, store.ErrInvalid) {
 		// Everything the store checks was checked above, except the
 		// credential's device as a producer id.
@@ -354,6 +360,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 	var items []store.EnqueueItem
 	var itemOf []int // replies index of each store item
 	issuedAt := s.issuedAt()
+	traceparent := s.outboundTraceparent(c)
 	for i, raw := range raws {
 		switch r, jcs, detail, ok := parseOutboxRequest(raw); {
 		case i >= processed:
@@ -363,6 +370,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		case !hasKey:
 			replies[i].reason, replies[i].detail = reasonNoSigningKey, detailNoSigningKey
 		default:
+			r.Traceparent = traceparent
 			items = append(items, enqueueItem(actor, id.DeviceID, r, jcs, sg, issuedAt))
 			itemOf = append(itemOf, i)
 		}
@@ -371,9 +379,11 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		// Detached from the request: once sent, the transaction decides for
 		// every item, and a client gone meanwhile must not leave it half
 		// answered (it commits or it does not).
+		committed := st.phase(spanCommit)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
 		answers, err := s.store.EnqueueBatch(cctx, items)
 		cancel()
+		committed()
 		if err == nil && len(answers) != len(items) {
 			err = errors.New("store returned an answer count unlike the item count")
 		}

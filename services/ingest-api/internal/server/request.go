@@ -35,6 +35,9 @@ type reqState struct {
 	// bodyHeld is what readBody reserved from the in-flight body budget;
 	// observe gives it back once the handler is done with the body.
 	bodyHeld int64
+	// trace is the request's spans in the making; nil unless the route is
+	// traced and tracing is on (trace.go).
+	trace *reqTrace
 }
 
 func state(c echo.Context) *reqState {

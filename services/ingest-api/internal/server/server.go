@@ -43,7 +43,14 @@
 // once its sequence is allocated, inside its own group commit. Enqueues are
 // not audited (the envelope and its messages are the record). Another
 // tenant's message id is 404 not_found, like an unknown one; a tenant
-// without an outbound key gets an empty key list.
+// without an outbound key gets an empty key list. An outbound envelope's
+// metadata carries "traceparent" when the enqueue had a trace (its span, or
+// its valid traceparent header with tracing off; trace.go), so deliveries
+// join the trace of what caused them.
+//
+// Tracing (trace.go): the envelope and outbox POST routes make OpenTelemetry
+// spans when tracing is on; an envelope's own metadata.traceparent is the
+// parent only once its signature verified.
 //
 // Refusal details (§8.11): every refusal but a 5xx carries "detail", and so
 // does the request's access-log line: a fixed sentence of detail.go, or of
@@ -73,12 +80,14 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/limiter"
 	"github.com/envelopeworker/envelopeworker/modules/producer/wire"
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/outboundkeys"
 )
 
@@ -116,6 +125,8 @@ type Config struct {
 	// OutboundKeys signs outbox envelopes; nil means no tenant has a key
 	// (every POST /v1/outbox is 422 no_signing_key).
 	OutboundKeys outboundkeys.Source
+	// Tracing makes the spans of trace.go; nil: off.
+	Tracing *telemetry.Provider
 }
 
 // ErrConfig reports an unusable Config.
@@ -151,6 +162,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.OutboundKeys == nil {
 		c.OutboundKeys = outboundkeys.None{}
+	}
+	if c.Tracing == nil {
+		c.Tracing = telemetry.Disabled()
 	}
 	if c.OutboxLimit == (limiter.Policy{}) {
 		c.OutboxLimit = c.SyncLimit
@@ -190,6 +204,7 @@ type Server struct {
 	keys         outboundkeys.Source
 	ready        *store.Readiness
 	echo         *echo.Echo
+	tracer       trace.Tracer
 }
 
 // New builds the server over st. Metrics register on reg (use a private
@@ -227,6 +242,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		creds:      newCredentialCache(cfg.CredentialCacheTTL, time.Now),
 		activeKeys: newActiveKeys(time.Now),
 		keys:       cfg.OutboundKeys,
+		tracer:     cfg.Tracing.Tracer(TracerName),
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
 	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
