@@ -278,13 +278,13 @@ func (s *Server) routes() *echo.Echo {
 
 	// The fixed paths are the wire package's, which clients post to; those
 	// with a parameter are its path helpers' patterns.
-	e.POST(wire.RouteEnvelopes, s.postEnvelope)
-	e.POST(wire.RouteBatch, s.postBatch)
+	e.POST(wire.RouteEnvelopes, s.traced(s.postEnvelope))
+	e.POST(wire.RouteBatch, s.traced(s.postBatch))
 	v1 := e.Group("/v1")
 	v1.GET("/streams/:project/:producer", s.getStream)
 	v1.GET("/streams/:project/:producer/envelopes", s.getStreamEnvelopes)
-	e.POST(wire.RouteOutbox, s.postOutbox)
-	e.POST(wire.RouteOutboxBatch, s.postOutboxBatch)
+	e.POST(wire.RouteOutbox, s.traced(s.postOutbox))
+	e.POST(wire.RouteOutboxBatch, s.traced(s.postOutboxBatch))
 	v1.GET("/outbox/:id", s.getOutboxMessage) // wire.OutboxMessagePath
 	v1.GET("/outbox/:id/attempts", s.getOutboxAttempts)
 	e.GET(wire.RouteDeadLetters, s.getDeadLetters)
