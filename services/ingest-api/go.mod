@@ -3,13 +3,13 @@ module github.com/envelopeworker/envelopeworker/services/ingest-api
 go 1.26
 
 require (
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/limiter v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/producer v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/store v0.1.0
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/labstack/echo/v4 v4.13.4
 	github.com/prometheus/client_golang v1.23.2
