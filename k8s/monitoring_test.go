@@ -305,11 +305,10 @@ func keys(m map[string]bool) []string {
 
 // stack is the built binaries and the databases they run against.
 type stack struct {
-	bin       string // directory of the binaries
-	migrated  string // DSN of a migrated database
-	empty     string // DSN of a database with no schema: every query fails
-	adminDSN  string
-	databases []string
+	bin      string // directory of the binaries
+	migrated string // DSN of a migrated database
+	empty    string // DSN of a database with no schema: every query fails
+	adminDSN string
 }
 
 func newStack(t *testing.T) *stack {

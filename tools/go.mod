@@ -4,13 +4,13 @@ go 1.26
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/producer v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/redact v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/store v0.1.0
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/rs/zerolog v1.34.0
 	go.uber.org/goleak v1.3.0

@@ -3,7 +3,7 @@ module github.com/envelopeworker/envelopeworker/modules/producer
 go 1.26
 
 require (
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
 	github.com/hashicorp/go-retryablehttp v0.7.8
 )
 

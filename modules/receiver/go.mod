@@ -5,7 +5,7 @@ go 1.26
 replace github.com/envelopeworker/envelopeworker/modules/envelope => ../envelope
 
 require (
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
 	github.com/jackc/pgx/v5 v5.7.6
 )
 

@@ -3,8 +3,8 @@ module github.com/envelopeworker/envelopeworker/modules/store
 go 1.26
 
 require (
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/uptrace/bun v1.2.16
 	github.com/uptrace/bun/dialect/pgdialect v1.2.16

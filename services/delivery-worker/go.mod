@@ -11,13 +11,13 @@ replace (
 )
 
 require (
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/httpserve v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/httpserve v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/limiter v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/store v0.1.0
 	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/prometheus/client_golang v1.23.2
 	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
@@ -49,8 +49,8 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/telemetry v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/telemetry v0.1.0
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

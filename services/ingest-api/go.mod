@@ -3,15 +3,15 @@ module github.com/envelopeworker/envelopeworker/services/ingest-api
 go 1.26.0
 
 require (
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/httpserve v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/limiter v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/producer v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/receiver v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/httpserve v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/limiter v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/producer v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/receiver v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/store v0.1.0
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/labstack/echo/v4 v4.13.4
@@ -43,7 +43,7 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/envelopeworker/envelopeworker/modules/telemetry v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/modules/telemetry v0.1.0
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

@@ -3,11 +3,11 @@ module github.com/envelopeworker/envelopeworker/services/retention-janitor
 go 1.26
 
 require (
-	github.com/envelopeworker/envelopeworker/migrations v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/envflag v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/redact v0.0.0-00010101000000-000000000000
-	github.com/envelopeworker/envelopeworker/modules/store v0.0.0-00010101000000-000000000000
+	github.com/envelopeworker/envelopeworker/migrations v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/buildinfo v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/envflag v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/redact v0.1.0
+	github.com/envelopeworker/envelopeworker/modules/store v0.1.0
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.2
@@ -19,7 +19,7 @@ require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/envelopeworker/envelopeworker/modules/envelope v0.0.0-00010101000000-000000000000 // indirect
+	github.com/envelopeworker/envelopeworker/modules/envelope v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
