@@ -97,9 +97,21 @@ func TestRunWALCompression(t *testing.T) {
 		})
 		f.exec(t, `GRANT USAGE ON SCHEMA public TO `+role)
 		f.exec(t, `GRANT SELECT ON schema_migrations TO `+role)
-		f.exec(t, `GRANT SELECT, DELETE ON inbound_payloads TO `+role)
-		f.exec(t, `GRANT SELECT, DELETE ON outbound_bodies, outbox_attempts TO `+role)
-		f.exec(t, `GRANT SELECT (tenant_id, message_id, event_identity, status) ON outbox_messages TO `+role)
+		// On the partitioned layout the janitor deletes partition by
+		// partition, so the grants go to the partitions too, as the migrator
+		// gives them.
+		grant := func(privileges, table string) {
+			f.exec(t, `GRANT `+privileges+` ON `+table+` TO `+role)
+			if storetest.Layout() == migrations.LayoutPartitioned {
+				for i := range migrations.Partitions {
+					f.exec(t, `GRANT `+privileges+` ON `+migrations.PartitionName(table, i)+` TO `+role)
+				}
+			}
+		}
+		grant(`SELECT, DELETE`, `inbound_payloads`)
+		grant(`SELECT, DELETE`, `outbound_bodies`)
+		grant(`SELECT, DELETE`, `outbox_attempts`)
+		grant(`SELECT (tenant_id, message_id, event_identity, status)`, `outbox_messages`)
 		run(t, storetest.DSNForRole(f.adminDSN, role), server, true)
 	})
 }
