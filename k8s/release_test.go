@@ -59,8 +59,64 @@ func (f repoFiles) read(rel string) ([]byte, error) {
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			return b, err
 		}
+		edit, err := os.ReadFile(filepath.Join(f.override, filepath.FromSlash(rel)+".edit"))
+		if err == nil {
+			real, err := os.ReadFile(filepath.Join(f.root, filepath.FromSlash(rel)))
+			if err != nil {
+				return nil, err
+			}
+			return applyEdit(real, edit)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
 	}
 	return os.ReadFile(filepath.Join(f.root, filepath.FromSlash(rel)))
+}
+
+// applyEdit breaks a repository file the way a broken case's FILE.edit says, so that the case
+// follows the file as it changes instead of freezing a copy of it. An edit is blocks of
+//
+//	<<<
+//	lines of the file
+//	===
+//	what they become (nothing: deleted)
+//	>>>
+//
+// (lines outside blocks are comments). Every block's lines must occur in the file: an edit that no
+// longer applies fails the case rather than testing an unbroken file.
+func applyEdit(file, edit []byte) ([]byte, error) {
+	out := string(file)
+	var old, repl []string
+	state := 0 // 0 outside a block, 1 in its old lines, 2 in its new lines
+	for _, line := range strings.SplitAfter(string(edit), "\n") {
+		switch strings.TrimRight(line, "\n") {
+		case "<<<":
+			state, old, repl = 1, nil, nil
+			continue
+		case "===":
+			state = 2
+			continue
+		case ">>>":
+			from, to := strings.Join(old, ""), strings.Join(repl, "")
+			if from == "" || !strings.Contains(out, from) {
+				return nil, fmt.Errorf("edit no longer applies: %q is not in the file", from)
+			}
+			out = strings.Replace(out, from, to, 1)
+			state = 0
+			continue
+		}
+		switch state {
+		case 1:
+			old = append(old, line)
+		case 2:
+			repl = append(repl, line)
+		}
+	}
+	if state != 0 {
+		return nil, errors.New("edit: a block is not closed with >>>")
+	}
+	return []byte(out), nil
 }
 
 // find lists the repository's files called name (slash paths relative to the root), leaving out test
@@ -787,5 +843,21 @@ func TestParseGoMod(t *testing.T) {
 	if m.path != "example.com/a" || m.require["example.com/b"] != "v1.2.3" || m.require["example.com/c"] != "v0.1.0" ||
 		m.replace["example.com/b"] != "../b" || m.replace["example.com/c"] != "./c" || len(m.require) != 2 || len(m.replace) != 2 {
 		t.Fatalf("parsed %+v", m)
+	}
+}
+
+// A broken case's edit applies in order, and one that no longer matches its file is an error, not a
+// case that quietly tests an unbroken file.
+func TestApplyEdit(t *testing.T) {
+	file := []byte("a\nb\nc\n")
+	got, err := applyEdit(file, []byte("comment\n<<<\nb\n===\nB\nB2\n>>>\n<<<\nc\n===\n>>>\n"))
+	if err != nil || string(got) != "a\nB\nB2\n" {
+		t.Fatalf("applyEdit = %q, %v", got, err)
+	}
+	if _, err := applyEdit(file, []byte("<<<\nx\n===\ny\n>>>\n")); err == nil {
+		t.Fatal("an edit whose lines are not in the file applied")
+	}
+	if _, err := applyEdit(file, []byte("<<<\na\n===\n")); err == nil {
+		t.Fatal("an unclosed edit applied")
 	}
 }
