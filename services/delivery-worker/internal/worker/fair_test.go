@@ -92,16 +92,6 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s after %v", what, limit)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // noSlotsHeld fails unless every slot of w is free and no tenant is
 // accounted for.

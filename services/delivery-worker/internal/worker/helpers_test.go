@@ -263,11 +263,15 @@ func cycle(t *testing.T, w *Worker) int {
 	return n
 }
 
-// cycleUntil runs cycles until done reports true; the test binary's timeout
-// bounds it.
+// cycleUntil runs cycles until done reports true, failing the test after a
+// minute rather than waiting for the binary's timeout.
 func cycleUntil(t *testing.T, w *Worker, done func() bool) {
 	t.Helper()
+	deadline := time.Now().Add(time.Minute)
 	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatal("cycleUntil: not done after a minute of cycles")
+		}
 		if cycle(t, w) == 0 {
 			time.Sleep(2 * time.Millisecond) // a retry's next_attempt_at is a few ms ahead
 		}
@@ -279,3 +283,16 @@ func attempts(m *Metrics, result, code string) int {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+// waitFor polls cond until it holds, failing the test after limit: every
+// wait of these tests has a deadline of its own.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s after %v", what, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -49,9 +49,7 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 		defer w.settles.mu.Unlock()
 		return len(w.settles.pending) == len(reqs)
 	}
-	for !waitQueued() {
-		time.Sleep(time.Millisecond) // the goroutines are queueing
-	}
+	waitFor(t, 10*time.Second, "every settle to queue", waitQueued)
 	// The running flush ends and hands over to the oldest waiter.
 	w.settles.mu.Lock()
 	w.settles.pending[0].done <- settleResult{lead: true}

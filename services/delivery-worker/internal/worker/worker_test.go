@@ -311,9 +311,9 @@ func TestManyWorkersDeliverEachOnce(t *testing.T) {
 			_ = w.Run(ctx)
 		}()
 	}
-	for e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`) < len(all) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, time.Minute, "every message delivered", func() bool {
+		return e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`) >= len(all)
+	})
 	cancel()
 	wg.Wait()
 	for _, id := range all {
@@ -368,9 +368,7 @@ func TestTenantFairness(t *testing.T) {
 		defer close(done)
 		_ = w.Run(ctx)
 	}()
-	for rc.hits(b[0]) == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, "the first message's delivery", func() bool { return rc.hits(b[0]) > 0 })
 	cancel()
 	<-done
 	rc.mu.Lock()
