@@ -92,7 +92,6 @@ func TestHangingTenantDelaysOnlyItself(t *testing.T) {
 	}
 }
 
-
 // noSlotsHeld fails unless every slot of w is free and no tenant is
 // accounted for.
 func noSlotsHeld(t *testing.T, w *Worker) {
