@@ -7,7 +7,7 @@
 #   scripts/bench-growth.sh
 #   BENCH_SIZES="0 1000000 5000000"  retained identities per database (the first is the baseline)
 #   BENCH_SECONDS=10          length of each run (each run also stops when its signed envelopes run out)
-#   BENCH_PRODUCERS=16        concurrent producers, each its own new stream in a tenant of its own
+#   BENCH_PRODUCERS=16        concurrent producers, each its own new stream, all in one fresh tenant
 #   BENCH_ROUNDS=2            rounds; each round runs every size once, odd rounds in reverse order
 #   BENCH_BATCH=0             envelopes per batch request for a batch run after each single run (0: none)
 #   BENCH_COUNT=200000        envelopes signed ahead per run (memory bound)
