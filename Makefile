@@ -2,7 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
-.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-outbox bench-janitor bench-delivery soak chaos
+.PHONY: help up down test fuzz lint tidy build bench-envelope bench-store bench-ingest bench-outbox bench-janitor bench-delivery bench-growth soak chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -45,6 +45,9 @@ bench-janitor: ## janitor delete throughput and its effect on concurrent ingest 
 
 bench-outbox: ## POST /v1/outbox: one busy producer vs sixteen, batch vs single (alternating rounds)
 	scripts/bench-outbox.sh
+
+bench-growth: ## ingest throughput and p99, 16 producers, on an empty database vs 1 M and 5 M retained identities (alternating rounds)
+	scripts/bench-growth.sh
 
 bench-delivery: ## delivery-worker over HTTP beside a raw SQL claim-and-settle loop
 	scripts/bench-delivery.sh

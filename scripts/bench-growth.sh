@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# bench-growth.sh — ingest cost as data grows (issue 18): ingest-api throughput and latency with 16
+# producers on an empty database and on databases already holding SIZE retained identities (each with
+# its payload and one audit row), same run, rounds alternating between the sizes; prints a table and
+# each size's throughput loss against the first size.
+#
+#   scripts/bench-growth.sh
+#   BENCH_SIZES="0 1000000 5000000"  retained identities per database (the first is the baseline)
+#   BENCH_SECONDS=10          length of each run (each run also stops when its signed envelopes run out)
+#   BENCH_PRODUCERS=16        concurrent producers, each its own new stream, all in one fresh tenant
+#   BENCH_ROUNDS=2            rounds; each round runs every size once, odd rounds in reverse order
+#   BENCH_BATCH=0             envelopes per batch request for a batch run after each single run (0: none)
+#   BENCH_COUNT=200000        envelopes signed ahead per run (memory bound)
+#   BENCH_PAYLOAD_BYTES=600   padding per payload of the runs: about 1 KiB signed envelopes
+#   BENCH_SEED_TENANTS=1000   tenants the seeded rows are spread over
+#   BENCH_SEED_STREAMS=20     producers (streams) per seeded tenant
+#   BENCH_SEED_ENVELOPE_BYTES=1000  size of each seeded stored envelope
+#   BENCH_SEED_CHUNK=500000   rows per seeding statement (one transaction each)
+#   BENCH_LAYOUT=             plain (default) or partitioned: envctl migrate --layout
+#   BENCH_KEEP_DB=1           keep the databases afterwards (dropped by default)
+#
+# For each size it makes a fresh database envelopeworker_growth_<size>, migrates it, fills it in SQL
+# (INSERT … SELECT … FROM generate_series, no API call): identities with payloads that expire in 30
+# days, the audit row of each, and the streams they belong to, spread over BENCH_SEED_TENANTS tenants
+# with BENCH_SEED_STREAMS producers each; then VACUUM ANALYZE, and loadgen-ingest setup of the measured
+# producers in a tenant of their own. Before seeding it checks the free disk space of the PostgreSQL
+# data directory (when it can see it) and refuses a size that would not fit twice (WAL).
+#
+# Each measured run starts ingest-api on that size's database (limiters opened wide, as bench-ingest.sh
+# does), waits for it, CHECKPOINTs, runs loadgen-ingest on a fresh project (new streams, so sequences run
+# 1, 2, 3, …, while the tables and their indexes are large), then stops it: only one ingest-api holds
+# connections at a time. The load average is sampled before and after every run.
+set -euo pipefail
+script_name=bench-growth.sh
+# shellcheck source=scripts/stack-lib.sh
+. "$(dirname "$0")/stack-lib.sh"
+
+sizes=${BENCH_SIZES:-"0 1000000 5000000"}
+seconds=${BENCH_SECONDS:-10}
+producers=${BENCH_PRODUCERS:-16}
+rounds=${BENCH_ROUNDS:-2}
+batch=${BENCH_BATCH:-0}
+count=${BENCH_COUNT:-200000}
+payload=${BENCH_PAYLOAD_BYTES:-600}
+seed_tenants=${BENCH_SEED_TENANTS:-1000}
+seed_streams=${BENCH_SEED_STREAMS:-20}
+seed_bytes=${BENCH_SEED_ENVELOPE_BYTES:-1000}
+chunk=${BENCH_SEED_CHUNK:-500000}
+layout=${BENCH_LAYOUT:-}
+for v in "$seconds" "$producers" "$rounds" "$batch" "$count" "$payload" "$seed_tenants" "$seed_streams" "$seed_bytes" "$chunk" $sizes; do
+	case "$v" in '' | *[!0-9]*) die "every BENCH_ number must be a non-negative integer (got '$v')" ;; esac
+done
+[ -n "$sizes" ] || die "BENCH_SIZES is empty"
+[ "$producers" -ge 1 ] && [ "$rounds" -ge 1 ] && [ "$seed_tenants" -ge 1 ] && [ "$seed_streams" -ge 1 ] &&
+	[ "$chunk" -ge 1 ] && [ "$seed_bytes" -ge 100 ] || die "BENCH_PRODUCERS, _ROUNDS, _SEED_TENANTS, _SEED_STREAMS, _SEED_CHUNK must be ≥ 1, _SEED_ENVELOPE_BYTES ≥ 100"
+case "$layout" in '' | plain | partitioned) ;; *) die "BENCH_LAYOUT must be plain or partitioned" ;; esac
+[ "$count" -ge "$producers" ] || count=$producers
+need psql "install the PostgreSQL client (Debian: postgresql-client)"
+need curl "install curl"
+
+work="$tmp/bench-growth"
+rm -rf "$work"
+mkdir -p "$work"
+chmod 700 "$work"
+pidfile="$work/ingest-api.pid"
+started_pg=0
+admin=""
+dbs=()
+cleanup() {
+	stop_pidfile "$pidfile" ingest-api
+	rm -f "$work"/creds-*.json # tokens and seeds of producers whose database is about to go
+	if [ "${BENCH_KEEP_DB:-0}" != 1 ] && [ -n "$admin" ]; then
+		for d in "${dbs[@]}"; do
+			PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" >/dev/null 2>&1 || true
+		done
+	fi
+	release_pg "" 1 # the databases are dropped above; this only stops a cluster pg.sh started
+}
+trap cleanup EXIT
+
+use_pg
+build_bins
+
+loadavg() { cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?"; }
+
+# Bytes one seeded identity costs on disk, all told: identity row and its four indexes, payload row
+# (envelope inline: under the 2 KiB TOAST threshold) and its two indexes, audit row and its key. The WAL
+# of the load is about as much again, hence the factor 2 in the check.
+per_row=$((700 + seed_bytes + 250))
+datadir=$(psql "$admin" -XAtc 'SHOW data_directory' 2>/dev/null || true)
+free_bytes() {
+	[ -n "$datadir" ] && [ -d "$datadir" ] || return 1
+	df -Pk "$datadir" | awk 'NR == 2 { print $4 * 1024 }'
+}
+
+dsn_of() { dsn_with_db "$admin" "envelopeworker_growth_$1"; }
+
+seed() {
+	local size=$1 dsn=$2 from to started
+	started=$(date +%s)
+	# Row g (1 … size) of tenant g % T, stream (g / T) % S of it, sequence g / (T × S) + 1: every
+	# (tenant, project, producer, sequence) is distinct and each stream's sequences are contiguous from 1.
+	# Digests are sha256 of distinct strings: as random as the real ones, so the unique indexes split pages
+	# as they do in production. Rows were received over the last 30 days; their payloads expire over the
+	# next 30 (retained, nothing for the janitor).
+	from=1
+	while [ "$from" -le "$size" ]; do
+		to=$((from + chunk - 1))
+		[ "$to" -le "$size" ] || to=$size
+		psql "$dsn" -XqAt -v ON_ERROR_STOP=1 -v from="$from" -v to="$to" -v tenants="$seed_tenants" \
+			-v streams="$seed_streams" -v bytes="$seed_bytes" >/dev/null <<'SQL' || die "seeding rows $from-$to failed"
+BEGIN;
+CREATE TEMP TABLE seed ON COMMIT DROP AS
+SELECT 'tn-' || lpad((g % :tenants)::text, 6, '0') AS tenant_id,
+       'proj-' || ((g / :tenants) % :streams % 4) AS project_id,
+       'dev-' || lpad(((g / :tenants) % :streams)::text, 4, '0') AS producer_id,
+       g / (:tenants::bigint * :streams) + 1 AS sequence,
+       sha256(('ei' || g)::bytea) AS event_identity,
+       now() - (g % 2592000) * interval '1 second' AS received_at,
+       g
+FROM generate_series(:from::bigint, :to::bigint) g;
+INSERT INTO event_identities (tenant_id, event_identity, project_id, producer_id, sequence, idempotency_digest,
+                              content_digest, key_id, issued_at, received_at)
+SELECT tenant_id, event_identity, project_id, producer_id, sequence, sha256(('ik' || g)::bytea),
+       sha256(('cd' || g)::bytea), producer_id || '-k1', received_at - interval '2 seconds', received_at
+FROM seed;
+INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
+SELECT tenant_id, event_identity,
+       convert_to(rpad('{"v":1,"tenant_id":"' || tenant_id || '","project_id":"' || project_id ||
+                       '","producer_id":"' || producer_id || '","sequence":' || sequence || ',"payload":"' ||
+                       md5(g::text), :bytes - 2, md5(g::text)) || '"}', 'UTF8'),
+       received_at + interval '60 days'
+FROM seed;
+INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity, outcome, correlation_id, at)
+SELECT tenant_id, project_id, 'acct-' || tenant_id, producer_id, encode(event_identity, 'hex'), 'accepted',
+       'req-' || md5('c' || g), received_at
+FROM seed;
+COMMIT;
+SQL
+		log "size $size: seeded rows $from-$to ($(($(date +%s) - started)) s so far, load $(loadavg))"
+		from=$((to + 1))
+	done
+	# The streams the seeded identities belong to, their cursors at their last sequence.
+	psql "$dsn" -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || die "seeding streams failed"
+INSERT INTO streams (tenant_id, project_id, producer_id, cursor)
+SELECT tenant_id, project_id, producer_id, max(sequence) FROM event_identities
+GROUP BY tenant_id, project_id, producer_id;
+SQL
+	PGOPTIONS="-c client_min_messages=warning" psql "$dsn" -XqAt -v ON_ERROR_STOP=1 \
+		-c 'VACUUM ANALYZE event_identities, inbound_payloads, audit_events, streams' >/dev/null ||
+		die "VACUUM ANALYZE failed"
+	log "size $size: seeded and vacuumed in $(($(date +%s) - started)) s"
+}
+
+declare -A seed_secs
+for size in $sizes; do
+	db="envelopeworker_growth_$size"
+	need_bytes=$((size * per_row * 2))
+	if fb=$(free_bytes); then
+		[ "$need_bytes" -lt "$fb" ] ||
+			die "size $size needs about $((need_bytes >> 30)) GiB free next to PostgreSQL's data, $((fb >> 30)) GiB are: lower BENCH_SIZES"
+	else
+		log "cannot see PostgreSQL's data directory: size $size goes ahead unchecked (needs about $((need_bytes >> 30)) GiB)"
+	fi
+	dbs+=("$db")
+	log "fresh database $db on $(redact "$admin")"
+	fresh_db "$admin" "$db"
+	dsn=$(dsn_of "$size")
+	layout_args=()
+	[ -n "$layout" ] && layout_args=(--layout "$layout")
+	"$bindir/envctl" migrate --database-url "$dsn" "${layout_args[@]}" >&2
+	t0=$(date +%s)
+	[ "$size" -gt 0 ] && seed "$size" "$dsn"
+	seed_secs[$size]=$(($(date +%s) - t0))
+	"$bindir/loadgen-ingest" setup --database-url "$dsn" --tenant growth-bench --producers "$producers" \
+		--out "$work/creds-$size.json" >&2
+done
+
+port=$(free_port 18180)
+mport=$(free_port $((port + 1)))
+url="http://127.0.0.1:$port"
+
+field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":([0-9.e+-]+).*/\1/p'; }
+ms() { awk -v ns="$1" 'BEGIN { printf "%.2f", ns / 1e6 }'; }
+
+rows=()
+row() { rows+=("$(printf '%-10s %5s %-8s %12s %9s %9s %9s %11s' "$@")"); }
+row "size" "round" "route" "envelopes/s" "p50 ms" "p99 ms" "p99.9 ms" "load avg"
+status=0
+declare -A sum_rate nruns
+for round in $(seq 1 "$rounds"); do
+	order=$sizes
+	[ $((round % 2)) = 0 ] && order=$(printf '%s\n' $sizes | tac | tr '\n' ' ')
+	for size in $order; do
+		dsn=$(dsn_of "$size")
+		ingest_dsn=$(dsn_with_user "$dsn" envelopeworker_ingest)
+		answers "$ingest_dsn" || ingest_dsn=$dsn
+		# Limiters opened wide as in bench-ingest.sh (see its comment on go-limiter's refill bound).
+		(
+			export DATABASE_URL="$ingest_dsn" INGEST_ADDR="127.0.0.1:$port" METRICS_ADDR="127.0.0.1:$mport" \
+				SYNC_LIMIT_TOKENS=1000000 SYNC_LIMIT_INTERVAL=1s PEER_LIMIT_TOKENS=1000000 PEER_LIMIT_INTERVAL=1s \
+				LOG_LEVEL=warn
+			start_ingest "$pidfile" "$work/ingest-api-$size.log"
+		)
+		wait_ready "$url" "$pidfile" "$work/ingest-api-$size.log" 60
+		routes=(single)
+		[ "$batch" -gt 0 ] && routes+=(batch)
+		for route in "${routes[@]}"; do
+			args=()
+			[ "$route" = batch ] && args=(--batch "$batch")
+			PGOPTIONS="-c client_min_messages=warning" psql "$admin" -XqAt -c CHECKPOINT >/dev/null 2>&1 ||
+				log "CHECKPOINT refused (not superuser?): runs are not settled"
+			l0=$(loadavg)
+			log "round $round, size $size, $route, $producers producers, up to ${seconds}s or $count envelopes (load $l0)"
+			out=$("$bindir/loadgen-ingest" run --url "$url" --creds "$work/creds-$size.json" --producers "$producers" \
+				--count "$count" --duration "${seconds}s" --payload-bytes "$payload" --json "${args[@]}") || status=1
+			rate=$(field "$out" envelopes_per_second)
+			row "$size" "$round" "$route" "$(printf '%.0f' "${rate:-0}")" "$(ms "$(field "$out" p50_ns)")" \
+				"$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" "$l0→$(loadavg)"
+			if [ "$(field "$out" transport_errors)" != 0 ] || printf '%s' "$out" | grep -q '"refused":{"'; then
+				log "not every envelope was accepted: $out"
+				status=1
+			fi
+			k="$size/$route"
+			sum_rate[$k]=$(awk -v a="${sum_rate[$k]:-0}" -v b="${rate:-0}" 'BEGIN { print a + b }')
+			nruns[$k]=$((${nruns[$k]:-0} + 1))
+		done
+		stop_pidfile "$pidfile" ingest-api
+	done
+done
+
+echo
+echo "ingest-api with data already retained ($(date -u +%Y-%m-%dT%H:%MZ), ${seconds}s per run, $producers producers," \
+	"payload ${payload} B, seed over $seed_tenants tenants × $seed_streams streams, layout ${layout:-plain})"
+printf '%s\n' "${rows[@]}"
+echo
+base=${sizes%% *}
+printf '%-10s %-8s %14s %12s %12s\n' "size" "route" "mean env/s" "vs $base" "seeded in s"
+for route in single batch; do
+	[ -n "${nruns[$base/$route]:-}" ] || continue
+	b=$(awk -v s="${sum_rate[$base/$route]}" -v n="${nruns[$base/$route]}" 'BEGIN { print s / n }')
+	for size in $sizes; do
+		m=$(awk -v s="${sum_rate[$size/$route]}" -v n="${nruns[$size/$route]}" 'BEGIN { print s / n }')
+		printf '%-10s %-8s %14.0f %11s %12s\n' "$size" "$route" "$m" \
+			"$(awk -v m="$m" -v b="$b" 'BEGIN { if (b > 0) printf "%+.1f %%", (m - b) / b * 100; else print "-" }')" "${seed_secs[$size]}"
+	done
+done
+exit "$status"
