@@ -12,15 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/telemetry"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry/telemetrytest"
 )
 
 const (
@@ -88,24 +87,11 @@ func (h *headerLog) all() []string {
 	return append([]string(nil), h.got...)
 }
 
-func recorder(t *testing.T) (*tracetest.SpanRecorder, *telemetry.Provider) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return rec, telemetry.FromSDK(tp)
-}
-
-func attrsOf(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
-
-func traceparentOf(sc trace.SpanContext) string {
-	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
-}
+var (
+	recorder      = telemetrytest.Recorder
+	attrsOf       = telemetrytest.Attrs
+	traceparentOf = telemetrytest.Traceparent
+)
 
 // Each attempt is one client span whose parent is the envelope's
 // metadata.traceparent, and the webhook request carries that span's

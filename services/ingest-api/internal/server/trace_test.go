@@ -1,19 +1,18 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 
-	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
 	"github.com/envelopeworker/envelopeworker/modules/telemetry"
+	"github.com/envelopeworker/envelopeworker/modules/telemetry/telemetrytest"
 )
 
 const (
@@ -24,10 +23,8 @@ const (
 // tracedFixture is newFixture with tracing on, recorded in memory.
 func tracedFixture(t *testing.T, outbox bool) (*fixture, *outboxFixture, *tracetest.SpanRecorder) {
 	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	on := func(c *Config) { c.Tracing = telemetry.FromSDK(tp) }
+	rec, tp := telemetrytest.Recorder(t)
+	on := func(c *Config) { c.Tracing = tp }
 	if outbox {
 		o := newOutboxFixture(t, on)
 		return o.fixture, o, rec
@@ -35,17 +32,10 @@ func tracedFixture(t *testing.T, outbox bool) (*fixture, *outboxFixture, *tracet
 	return newFixture(t, on), nil, rec
 }
 
-func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
-
-func tpOf(sc trace.SpanContext) string {
-	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
-}
+var (
+	spanAttrs = telemetrytest.Attrs
+	tpOf      = telemetrytest.Traceparent
+)
 
 // byName splits spans by name; the test fails if a name is not in want.
 func byName(t *testing.T, spans []sdktrace.ReadOnlySpan, want ...string) map[string][]sdktrace.ReadOnlySpan {
