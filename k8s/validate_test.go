@@ -95,17 +95,7 @@ func TestBrokenManifestsFail(t *testing.T) {
 			// Exactly the expected violations: the base is otherwise clean,
 			// and each rule reports its own breakage precisely.
 			vs := violations(objs)
-			if len(vs) != len(tc.want) {
-				t.Fatalf("violations %q, want %d mentioning %q", vs, len(tc.want), tc.want)
-			}
-			for _, w := range tc.want {
-				i := slices.IndexFunc(vs, func(v string) bool { return strings.Contains(v, w) })
-				if i < 0 {
-					t.Fatalf("no violation mentions %q; got %q", w, vs)
-				}
-				t.Logf("refused: %s", vs[i])
-				vs = slices.Delete(vs, i, i+1)
-			}
+			wantViolations(t, vs, tc.want)
 		})
 	}
 }
@@ -114,5 +104,23 @@ func TestRenderRefusesUnknownKind(t *testing.T) {
 	_, err := render(filepath.Join("testdata", "unknown-kind"))
 	if err == nil || !strings.Contains(err.Error(), "unexpected kind") {
 		t.Fatalf("err = %v, want unexpected kind", err)
+	}
+}
+
+// wantViolations fails unless vs holds exactly one violation mentioning each
+// of want, and nothing else: a broken case must fire its own check and no
+// other.
+func wantViolations(t *testing.T, vs, want []string) {
+	t.Helper()
+	if len(vs) != len(want) {
+		t.Fatalf("violations %q, want %d mentioning %q", vs, len(want), want)
+	}
+	for _, w := range want {
+		i := slices.IndexFunc(vs, func(v string) bool { return strings.Contains(v, w) })
+		if i < 0 {
+			t.Fatalf("no violation mentions %q; got %q", w, vs)
+		}
+		t.Logf("refused: %s", vs[i])
+		vs = slices.Delete(vs, i, i+1)
 	}
 }
