@@ -9,7 +9,8 @@
 // It also owns the outbound side (contract §4): endpoints, outbound streams
 // and envelopes, and the outbox of messages with their leases, fenced
 // settles, dead letters and replays (endpoints.go, outbox.go,
-// outbox_delivery.go; the design notes head outbox.go).
+// outbox_claim.go, outbox_settle.go, outbox_deadletters.go; the design notes
+// head outbox.go).
 //
 // The schema lives in the migrations module; this package assumes it and
 // never creates tables.

@@ -16,7 +16,7 @@ var HotSQL = map[string]string{
 	"topicEndpoints": topicEndpointsSQL,
 	"claim":          claimSQL,
 	"outboxAttempts": outboxAttemptsSQL,
-	// Settles, replay and message reads (outbox_delivery.go, outbox.go).
+	// Settles, replay and message reads (outbox_settle.go, outbox_deadletters.go, outbox.go).
 	"settle":        settleSQL,
 	"replay":        replaySQL,
 	"listDead":      listDeadSQL,

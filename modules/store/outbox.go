@@ -1,7 +1,7 @@
 package store
 
-// Outbox (contract §4). This file and outbox_delivery.go own the outbound
-// side: the outbound streams (their own sequences, never visible in the
+// Outbox (contract §4). This file, outbox_claim.go, outbox_settle.go and
+// outbox_deadletters.go own the outbound side: the outbound streams (their own sequences, never visible in the
 // inbound read API), the signed envelope of each enqueue stored once as the
 // exact bytes every attempt sends, and one leased message per active
 // endpoint of the topic (endpoints.go). Signing keys and webhook secrets

@@ -2,7 +2,7 @@ package store
 
 // Delivery attempt history (contract §8.8). The rows are written by the
 // statements that end an attempt: a settle (settleSQL, in
-// outbox_delivery.go) or the claim that finds the attempt's lease expired
+// outbox_settle.go) or the claim that finds the attempt's lease expired
 // (claimSQL). Nothing else writes them; the retention janitor deletes them
 // with the outbound body (§8.9). They hold only what explains a failure: no
 // body, header, secret or payload can reach them, since the code is one of

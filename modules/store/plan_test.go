@@ -105,7 +105,7 @@ var planCases = []planCase{
 	// table), so there is no arbiter to check either.
 	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001', 100`,
 		scans: []planScan{{"outbox_attempts", "outbox_attempts_pkey", byMessage}}},
-	// The claim (outbox_delivery.go) scans the tenant's due messages in due
+	// The claim (outbox_claim.go) scans the tenant's due messages in due
 	// order and reaches each claimed message, its endpoint, envelope and
 	// secret ref owner by key, never scanning endpoints or owners per row.
 	// The envelope is read from outbound_bodies first (0008); a message made
@@ -114,7 +114,7 @@ var planCases = []planCase{
 		scans: []planScan{bodiesPkey, {"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}, endpointPkey, ownerPkey,
 			{"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id", "next_attempt_at"}}, messagePkey},
 		emptyTies: []string{"endpoint_id", "message_id"}},
-	// Settles and replay (outbox_delivery.go). A settle batch finds its
+	// Settles and replay (outbox_settle.go, outbox_deadletters.go). A settle batch finds its
 	// messages by key (= ANY of its ids), raises each settled body's expiry
 	// by the body's key (§8.9) and disables a 410's endpoint by its key; a
 	// batch of three (one of each outcome, the dead one a 410). A replay

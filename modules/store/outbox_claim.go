@@ -1,0 +1,211 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Claimed is one message a worker now holds until LeaseExpiresAt. Attempt is
+// the fencing token every settle must pass back. Body is the stored signed
+// envelope, byte-identical on every attempt.
+type Claimed struct {
+	TenantID, MessageID, EndpointID, URL, SecretRef, EventIdentity string
+	// SecretRefOwned: the tenant owns SecretRef (secret_ref_owners). When
+	// false the message must not be signed with it: the endpoint names
+	// another tenant's ref, or one nobody owns, written past the schema's
+	// check (a restore without triggers, a hand edit).
+	SecretRefOwned       bool
+	Attempt, MaxAttempts int
+	Body                 []byte
+	LeaseExpiresAt       time.Time
+}
+
+// dueSQL is the claimable set: pending and past its retry time, or
+// delivering with an expired lease (both are next_attempt_at <= now), and the
+// endpoint active. Messages of a disabled endpoint wait in place.
+const dueSQL = `
+FROM outbox_messages m
+JOIN endpoints e ON e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id
+WHERE m.status IN ('pending', 'delivering') AND m.next_attempt_at <= now() AND e.state = 'active'`
+
+// dueTenantsSQL lists tenants with due work, the longest-waiting first, so a
+// worker serving tenants in this order does not starve anyone.
+const dueTenantsSQL = `
+SELECT m.tenant_id` + dueSQL + `
+GROUP BY m.tenant_id
+ORDER BY min(m.next_attempt_at), m.tenant_id
+LIMIT $1`
+
+// DueTenants returns up to limit (1..MaxDueTenants) tenants that have
+// claimable messages, oldest due first. It reads every due message (cost
+// grows with the backlog, not the table); call it once per polling round.
+func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
+	const op = "due tenants"
+	if limit < 1 || limit > MaxDueTenants {
+		return nil, newErr(op, ErrInvalid)
+	}
+	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsSQL, limit)
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, classify(ctx, op, err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	return out, nil
+}
+
+// claimSQL locks up to $2 due messages of tenant $1, skipping rows another
+// claimer holds, and leases them in the same statement (one round trip, one
+// short transaction: no lock outlives the claim). A row another claimer
+// updated and committed between our scan and our lock is re-checked against
+// the WHERE clause on its new version, so it is never claimed twice for one
+// lease. Claiming a message whose lease expired counts a lease expiry. A
+// message whose lease expired on its last allowed attempt is not attempted
+// again: it goes dead with code timeout (its fate at the receiver is
+// unknown; an operator may replay it), so a message that keeps killing
+// workers cannot run past max_attempts. Either way the expired attempt is
+// recorded (lease_expired, code timeout, as the dead letter says): it
+// started at the claim that leased it (updated_at is set by the claim and
+// by nothing else until a settle) and lasted its lease. The rows come from
+// due, which reads each message as locked, before this claim's update.
+//
+// The plan is pinned to index lookups whatever the statistics say (a new
+// tenant's rows are often not analyzed yet, and a generic plan does not know
+// $2): the due scan follows outbox_messages_due_idx in ORDER BY order and
+// stops at the LIMIT; the update finds its rows by primary key through
+// = ANY(array); endpoint, body and the secret ref's owner come from per-row
+// primary-key lookups (the endpoint's a LATERAL subquery that OFFSET 0
+// keeps from being flattened into a join the planner could turn into a
+// scan; one lookup serves URL, ref and owner). Each claim costs O(claimed
+// rows), not O(table).
+//
+// The body is read from outbound_bodies first and from the old column of
+// outbound_envelopes only when it has not been moved there yet (migration
+// 0008, expand/contract); coalesce evaluates the second lookup only then.
+// A message made dead here as exhausted settles like any other
+// (raiseExpiry).
+//
+//	$1 tenant  $2 max  $3 lease in microseconds  $4 payload retention in microseconds
+const claimSQL = `
+WITH due AS (
+    SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted,
+           m.status = 'delivering' AS expired, m.attempts, m.updated_at, m.lease_expires_at` + dueSQL + ` AND m.tenant_id = $1
+    ORDER BY m.next_attempt_at, m.message_id
+    LIMIT $2
+    FOR UPDATE OF m SKIP LOCKED
+), exhausted AS (
+    UPDATE outbox_messages m SET
+        status           = 'dead',
+        dead_at          = now(),
+        next_attempt_at  = NULL,
+        lease_expires_at = NULL,
+        lease_expiries   = m.lease_expiries + 1,
+        last_error_code  = 'timeout',
+        updated_at       = now()
+    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))
+), exhausted_expiry AS (
+    -- As raiseExpiry, for each envelope of a message made dead here: each
+    -- body locked by its key in a LATERAL lookup, then joined back on the
+    -- whole key (no constant on b, so the join is a key lookup per row).
+    UPDATE outbound_bodies b
+    SET expires_at = greatest(b.expires_at, now() + $4::bigint * interval '1 microsecond')
+    FROM (
+        SELECT l.tenant_id, l.event_identity
+        FROM (SELECT m.event_identity FROM outbox_messages m
+              WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))) s
+        CROSS JOIN LATERAL (
+            SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
+            WHERE l.tenant_id = $1 AND l.event_identity = s.event_identity
+            OFFSET 0 FOR UPDATE SKIP LOCKED) l
+    ) k
+    WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
+), claimed AS (
+    UPDATE outbox_messages m SET
+        attempts         = m.attempts + 1,
+        lease_expiries   = m.lease_expiries + CASE WHEN m.status = 'delivering' THEN 1 ELSE 0 END,
+        status           = 'delivering',
+        next_attempt_at  = now() + $3::bigint * interval '1 microsecond',
+        lease_expires_at = now() + $3::bigint * interval '1 microsecond',
+        updated_at       = now()
+    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
+    RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
+), lease_expired AS (
+    INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
+    SELECT $1, d.message_id, d.attempts, d.updated_at,
+           greatest((extract(epoch FROM d.lease_expires_at - d.updated_at) * 1000)::bigint, 0),
+           NULL, '` + CodeTimeout + `', '` + string(AttemptLeaseExpired) + `'
+    FROM due d WHERE d.expired
+    ON CONFLICT DO NOTHING
+)
+SELECT c.message_id, c.endpoint_id, e.url, e.secret_ref,
+       coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
+       c.event_identity, c.attempts, c.max_attempts,
+       coalesce((SELECT b.envelope FROM outbound_bodies b WHERE b.tenant_id = $1 AND b.event_identity = c.event_identity),
+                (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity)),
+       c.lease_expires_at
+FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT e.url, e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id
+    OFFSET 0
+) e ON true`
+
+// Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
+// (0 < lease <= MaxLease), incrementing each one's attempt counter. The
+// returned messages are in no particular order.
+func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
+	const op = "claim"
+	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
+		return nil, newErr(op, ErrInvalid)
+	}
+	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds(), s.retentionMicros())
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	defer rows.Close()
+	var out []Claimed
+	for rows.Next() {
+		c := Claimed{TenantID: tenant}
+		var ident []byte
+		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &c.SecretRefOwned, &ident, &c.Attempt,
+			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
+			return nil, classify(ctx, op, err)
+		}
+		c.EventIdentity = hexIdentity(ident)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	return out, nil
+}
+
+// OutboxStats is the worker's view of the backlog across tenants.
+type OutboxStats struct {
+	Due          int64         // claimable messages now
+	OldestDueAge time.Duration // how long the longest-waiting one has been due; 0 when none
+}
+
+const outboxStatsSQL = `
+SELECT count(*), coalesce((extract(epoch FROM now() - min(m.next_attempt_at)) * 1000000)::bigint, 0)` + dueSQL
+
+// OutboxStats counts claimable messages and the age of the oldest, for
+// metrics (no tenant breakdown: tenant ids are not metric labels).
+func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
+	const op = "outbox stats"
+	var st OutboxStats
+	var micros int64
+	if err := s.sqlDB().QueryRowContext(ctx, outboxStatsSQL).Scan(&st.Due, &micros); err != nil {
+		return OutboxStats{}, classify(ctx, op, err)
+	}
+	st.OldestDueAge = time.Duration(max(micros, 0)) * time.Microsecond
+	return st, nil
+}

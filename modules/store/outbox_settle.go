@@ -1,0 +1,345 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// settleSQL applies a batch of settles of tenant $1 in one statement, one
+// array element a settle (SettleBatch). Each is fenced on its own row: it
+// changes the message only while the message is delivering under the
+// attempt it claimed, so after a lease expired and another worker claimed
+// the message (attempts moved on) a stale worker's settle changes nothing.
+// A row another transaction changes between this statement's snapshot and
+// its update is re-checked against the fence on its new version.
+//
+// The outcome decides the new state: delivered; retry, pending again at its
+// next time or dead (code kept) when the claimed attempt was the last of
+// its budget; dead with its code, its endpoint disabled in the same
+// statement when asked (a 410 Gone answer; the first such settle of an
+// endpoint names the reason, as a sequence of single settles would).
+//
+// The settles that leave a message delivered or dead raise the expiry of
+// its envelope's body to at least now() + retention (§8.9), so the last
+// settle of an envelope leaves its own time plus the retention. Whether
+// that settle was the last one is not decided here: the janitor deletes a
+// body only when none of its messages is pending or delivering
+// (noneInFlight), a check on the latest committed rows. A body another
+// transaction holds is skipped, not waited for (SKIP LOCKED), so a settle
+// never waits on a body and batches sharing envelopes cannot deadlock on
+// them; whoever holds it fixes the expiry instead (a sibling's settle, or
+// a replay, which clears it for a message that will settle again). The
+// envelopes are read from the statement's snapshot, so one whose settle
+// then turns out fenced may be raised too: harmless, for the same reason.
+//
+// Each settle that matched writes its attempt row in the same statement
+// (§8.8): the result is the status it left (a retry on the last attempt is
+// dead), the code the one stored. A settle without its own timing ($8,
+// $9 NULL) records what the database knows: the claim's time (updated_at
+// as claimed, from pre) and the time since. A row already there (attempts
+// reset by hand) is kept: the history never stops a settle. (No conflict
+// target: naming one needs SELECT on the history, which the worker does
+// not have.)
+//
+// Every table is reached by its key whatever the statistics say
+// (TestHotStatementPlansUseTheirKeys): the messages through = ANY of the
+// batch's ids on the primary key, each body by a LATERAL key lookup (OFFSET
+// 0 keeps it from being flattened into a join the planner could turn into
+// a scan), then joined back on the whole key. Messages are locked in index
+// order, so two batches over the same rows lock them in the same order.
+// The statement returns the ordinality of each settle that matched.
+//
+//	$1 tenant  $2 message ids  $3 attempts  $4 outcomes  $5 next attempt times
+//	$6 codes  $7 disable endpoint  $8 started at  $9 durations (ms)  $10 HTTP statuses
+//	$11 payload retention in microseconds
+const settleSQL = `
+WITH s AS (
+    SELECT * FROM unnest($2::text[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::boolean[],
+                         $8::timestamptz[], $9::bigint[], $10::smallint[])
+        WITH ORDINALITY AS s(message_id, attempt, outcome, next_at, code, disable, started_at, duration_ms,
+                             http_status, ord)
+), pre AS (
+    SELECT s.*, o.event_identity, o.updated_at AS claimed_at, o.attempts >= o.max_attempts AS last
+    FROM s CROSS JOIN LATERAL (
+        SELECT o.event_identity, o.updated_at, o.attempts, o.max_attempts FROM outbox_messages o
+        WHERE o.tenant_id = $1 AND o.message_id = s.message_id AND o.attempts = s.attempt AND o.status = 'delivering'
+        OFFSET 0) o
+), expiry AS (
+    UPDATE outbound_bodies b
+    SET expires_at = greatest(b.expires_at, now() + $11::bigint * interval '1 microsecond')
+    FROM (
+        SELECT l.tenant_id, l.event_identity
+        FROM (SELECT DISTINCT p.event_identity FROM pre p
+              WHERE p.outcome <> '` + string(SettleRetry) + `' OR p.last) e
+        CROSS JOIN LATERAL (
+            SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
+            WHERE l.tenant_id = $1 AND l.event_identity = e.event_identity
+            OFFSET 0 FOR UPDATE SKIP LOCKED) l
+    ) k
+    WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
+), m AS (
+    UPDATE outbox_messages o SET
+        (status, delivered_at, dead_at, next_attempt_at, last_error_code) = (
+            SELECT CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN 'delivered'
+                        WHEN p.outcome = '` + string(SettleDead) + `' OR p.last THEN 'dead' ELSE 'pending' END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN now() ELSE o.delivered_at END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN o.dead_at
+                        WHEN p.outcome = '` + string(SettleDead) + `' OR p.last THEN now() END,
+                   CASE WHEN p.outcome = '` + string(SettleRetry) + `' AND NOT p.last THEN p.next_at END,
+                   CASE WHEN p.outcome = '` + string(SettleDelivered) + `' THEN '' ELSE p.code END
+            FROM pre p WHERE p.message_id = o.message_id),
+        lease_expires_at = NULL,
+        updated_at       = now()
+    WHERE o.tenant_id = $1 AND o.message_id = ANY (ARRAY(SELECT message_id FROM pre)) AND o.status = 'delivering'
+      AND o.attempts = (SELECT p.attempt FROM pre p WHERE p.message_id = o.message_id)
+    RETURNING o.message_id, o.endpoint_id, o.attempts, o.status, o.last_error_code
+), settled AS (
+    SELECT m.*, p.disable, p.ord, p.claimed_at, p.started_at, p.duration_ms, p.http_status
+    FROM m JOIN pre p USING (message_id)
+), e AS (
+    UPDATE endpoints SET state = 'disabled', disabled_reason = g.code, updated_at = now()
+    FROM (SELECT DISTINCT ON (d.endpoint_id) d.endpoint_id, d.last_error_code AS code FROM settled d
+          WHERE d.disable ORDER BY d.endpoint_id, d.ord) g
+    WHERE endpoints.tenant_id = $1 AND endpoints.endpoint_id = g.endpoint_id AND endpoints.state = 'active'
+), attempt AS (
+    INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
+    SELECT $1, d.message_id, d.attempts, coalesce(d.started_at, d.claimed_at),
+           coalesce(d.duration_ms, greatest((extract(epoch FROM now() - d.claimed_at) * 1000)::bigint, 0)),
+           d.http_status, nullif(d.last_error_code, ''),
+           CASE d.status WHEN 'pending' THEN '` + string(AttemptRetry) + `' ELSE d.status END
+    FROM settled d
+    ON CONFLICT DO NOTHING
+)
+SELECT ord FROM settled`
+
+const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2)`
+
+func validSettle(tenant, id string, attempt int) bool {
+	return validIdentity(tenant) && messageIDRE.MatchString(id) && attempt >= 1
+}
+
+// settled turns "no row matched the fence" into ErrFenced, or ErrNotFound
+// when the message does not exist for tenant.
+func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) error {
+	if n > 0 {
+		return nil
+	}
+	var exists bool
+	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL, tenant, id).Scan(&exists); err != nil {
+		return classify(ctx, op, err)
+	}
+	if !exists {
+		return newErr(op, ErrNotFound)
+	}
+	return newErr(op, ErrFenced)
+}
+
+// settleOne is a single settle through settleSQL, answering as SettleBatch
+// does for one settlement but under op.
+func (s *Store) settleOne(ctx context.Context, op, tenant string, st Settlement) error {
+	applied, err := s.settleSet(ctx, tenant, []Settlement{st})
+	if err != nil {
+		return classify(ctx, op, err)
+	}
+	return s.settled(ctx, op, tenant, st.MessageID, boolCount(applied[0]))
+}
+
+func boolCount(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// MarkDelivered settles a 2xx answer for the claimed attempt. ErrFenced when
+// the attempt no longer owns the message; ErrNotFound for an unknown id. The
+// attempt is recorded with the database's timing (see Settlement).
+func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt int) error {
+	const op = "mark delivered"
+	if !validSettle(tenant, id, attempt) {
+		return newErr(op, ErrInvalid)
+	}
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleDelivered})
+}
+
+// MarkRetry records a retryable failure (code: one of the Code* constants)
+// and makes the message due again at next; when the claimed attempt was the
+// last of its budget the message is dead instead, with the same code.
+func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, next time.Time, code string) error {
+	const op = "mark retry"
+	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
+		return newErr(op, ErrInvalid)
+	}
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleRetry, Next: next, Code: code})
+}
+
+// MarkDead makes the message dead at once with code. With disableEndpoint
+// (a 410 Gone answer) its endpoint is disabled in the same transaction, with
+// code as the reason: later messages wait and new enqueues skip it.
+func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, code string, disableEndpoint bool) error {
+	const op = "mark dead"
+	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
+		return newErr(op, ErrInvalid)
+	}
+	return s.settleOne(ctx, op, tenant, Settlement{MessageID: id, Attempt: attempt, Outcome: SettleDead, Code: code,
+		DisableEndpoint: disableEndpoint})
+}
+
+// SettleOutcome is what a Settlement records.
+type SettleOutcome string
+
+const (
+	SettleDelivered SettleOutcome = "delivered" // as MarkDelivered
+	SettleRetry     SettleOutcome = "retry"     // as MarkRetry: Next and Code
+	SettleDead      SettleOutcome = "dead"      // as MarkDead: Code and DisableEndpoint
+)
+
+// Settlement is one settle of SettleBatch. StartedAt, Duration and
+// HTTPStatus go to the attempt's history row (contract §8.8); a zero
+// StartedAt records the claim's time and the time since it instead, as the
+// Mark* calls do.
+type Settlement struct {
+	MessageID       string
+	Attempt         int
+	Outcome         SettleOutcome
+	Next            time.Time // retry only
+	Code            string    // retry and dead
+	DisableEndpoint bool      // dead only
+	StartedAt       time.Time // when the request began
+	Duration        time.Duration
+	HTTPStatus      int // 0: no answer (timeout, connection failure, never sent)
+}
+
+// MaxSettleBatch bounds one SettleBatch.
+const MaxSettleBatch = 1000
+
+func (st Settlement) valid() bool {
+	if !messageIDRE.MatchString(st.MessageID) || st.Attempt < 1 || st.Duration < 0 ||
+		(st.HTTPStatus != 0 && (st.HTTPStatus < 100 || st.HTTPStatus > 599)) {
+		return false
+	}
+	switch st.Outcome {
+	case SettleDelivered:
+		return st.Code == "" && st.Next.IsZero() && !st.DisableEndpoint
+	case SettleRetry:
+		return ValidErrorCode(st.Code) && !st.Next.IsZero() && !st.DisableEndpoint
+	case SettleDead:
+		return ValidErrorCode(st.Code) && st.Next.IsZero()
+	}
+	return false
+}
+
+// SettleBatch applies several settles of one tenant in one statement, one
+// round trip and one commit: each exactly as the single Mark* call, fenced
+// on its own attempt, and each recording its attempt row with the
+// settlement's timing and status. The durable commit is what a settle
+// costs on most disks, so a worker that gathers the answers finishing at
+// about the same time settles many per commit, and one statement a batch
+// keeps PostgreSQL's per-statement work out of the per-message cost. The
+// result has one entry per settlement, in order: nil, ErrFenced or
+// ErrNotFound; a settlement repeating an earlier one's message is answered
+// as it would be after that one (it no longer owns the message). The error
+// is for the batch as a whole (ErrInvalid for any malformed settlement,
+// before any database work; or a database failure, after which none of the
+// batch is applied).
+func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement) ([]error, error) {
+	const op = "settle batch"
+	if !validIdentity(tenant) || len(ss) > MaxSettleBatch {
+		return nil, newErr(op, ErrInvalid)
+	}
+	for _, st := range ss {
+		if !st.valid() {
+			return nil, newErr(op, ErrInvalid)
+		}
+	}
+	if len(ss) == 0 {
+		return nil, nil
+	}
+	applied, err := s.settleSet(ctx, tenant, ss)
+	if err != nil {
+		return nil, classify(ctx, op, err)
+	}
+	results := make([]error, len(ss))
+	for i, st := range ss {
+		if !applied[i] {
+			results[i] = s.settled(ctx, op, tenant, st.MessageID, 0)
+			if !errors.Is(results[i], ErrFenced) && !errors.Is(results[i], ErrNotFound) {
+				return nil, results[i]
+			}
+		}
+	}
+	return results, nil
+}
+
+// settleSet runs settleSQL over valid settlements and reports which of them
+// matched their fence. A message named again later in ss is sent once, at
+// its first settlement: after that one the message is no longer delivering
+// under the attempt, so the repeats match nothing, as they would in turn.
+func (s *Store) settleSet(ctx context.Context, tenant string, ss []Settlement) ([]bool, error) {
+	n := len(ss)
+	var (
+		ids      = make([]string, 0, n)
+		attempts = make([]int32, 0, n)
+		outcomes = make([]string, 0, n)
+		nexts    = make([]*time.Time, 0, n)
+		codes    = make([]string, 0, n)
+		disable  = make([]bool, 0, n)
+		started  = make([]*time.Time, 0, n)
+		duration = make([]*int64, 0, n)
+		statuses = make([]*int16, 0, n)
+		sent     = make([]int, 0, n) // index in ss of each element sent
+		seen     = make(map[string]bool, n)
+	)
+	for i, st := range ss {
+		if seen[st.MessageID] {
+			continue
+		}
+		seen[st.MessageID] = true
+		sent = append(sent, i)
+		ids = append(ids, st.MessageID)
+		attempts = append(attempts, int32(st.Attempt))
+		outcomes = append(outcomes, string(st.Outcome))
+		codes = append(codes, st.Code)
+		disable = append(disable, st.DisableEndpoint)
+		var next, start *time.Time
+		var ms *int64
+		var status *int16
+		if !st.Next.IsZero() {
+			next = &st.Next
+		}
+		if !st.StartedAt.IsZero() {
+			d := st.Duration.Milliseconds()
+			start, ms = &st.StartedAt, &d
+		}
+		if st.HTTPStatus != 0 {
+			v := int16(st.HTTPStatus)
+			status = &v
+		}
+		nexts, started, duration, statuses = append(nexts, next), append(started, start), append(duration, ms),
+			append(statuses, status)
+	}
+	applied := make([]bool, n)
+	err := s.withPgx(ctx, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, settleSQL, tenant, ids, attempts, outcomes, nexts, codes, disable, started, duration,
+			statuses, s.retentionMicros())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var ord int64
+			if err := rows.Scan(&ord); err != nil {
+				return err
+			}
+			applied[sent[ord-1]] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
