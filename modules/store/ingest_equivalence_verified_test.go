@@ -121,7 +121,6 @@ var verifiedKeyIDs = []string{"k-act", "k-ret", "k-rev", "k-gone", "k-new", "k-r
 // the same rows, and an input is stale exactly when its key is not active
 // with the public key it names.
 func TestIngestBatchMatchesOneByOneVerifiedWith(t *testing.T) {
-	ctx := context.Background()
 	byClass := map[keyClass]map[string]int{}
 	for seed := uint64(1); seed <= 6; seed++ {
 		r := rand.New(rand.NewPCG(seed, 17))
@@ -168,13 +167,9 @@ func TestIngestBatchMatchesOneByOneVerifiedWith(t *testing.T) {
 					ops.set(tenant, "k-rev", store.KeyRevoked)
 				}
 			}
+			label := fmt.Sprintf("seed %d round %d", seed, round)
 			if round > 0 && r.IntN(2) == 0 {
-				tenant, producer, floor := []string{"t1", "t2"}[r.IntN(2)], fmt.Sprintf("d%d", 1+r.IntN(3)), int64(r.IntN(6))
-				for _, f := range []*fixture{batched, single} {
-					if _, err := f.s.SetReplayFloor(ctx, tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
-						t.Fatalf("seed %d round %d: SetReplayFloor: %v", seed, round, err)
-					}
-				}
+				raiseFloorBoth(t, label, r, batched, single)
 			}
 
 			items := randomItems(r, 2+r.IntN(79))
@@ -191,42 +186,20 @@ func TestIngestBatchMatchesOneByOneVerifiedWith(t *testing.T) {
 				}
 			}
 
-			got, err := batched.s.IngestBatch(ctx, items)
-			if err != nil {
-				t.Fatalf("seed %d round %d: IngestBatch: %v", seed, round, err)
-			}
-			if len(got) != len(items) {
-				t.Fatalf("seed %d round %d: %d results for %d items", seed, round, len(got), len(items))
-			}
+			got := ingestBoth(t, label, batched, single, items)
 			for i, it := range items {
-				var want store.Result
-				if it.Refusal != nil {
-					if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
-						t.Fatal(err)
-					}
-					want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}
-				} else {
-					want = mustIngest(t, single.s, it.Actor, *it.Ingest)
-				}
-				if got[i] != want {
-					t.Fatalf("seed %d round %d item %d (key %s): batch %+v, one by one %+v",
-						seed, round, i, keyOf(ops.model, it), got[i], want)
-				}
 				if it.Ingest == nil {
 					continue
 				}
 				c := ops.model.class(it.Actor.TenantID, it.Ingest)
 				shouldBeStale := c != keyUnchecked && c != keyActive
 				if (got[i].Outcome == store.OutcomeStale) != shouldBeStale {
-					t.Fatalf("seed %d round %d item %d: key %s answered %+v", seed, round, i, c, got[i])
+					t.Fatalf("%s item %d: key %s answered %+v", label, i, c, got[i])
 				}
 				if byClass[c] == nil {
 					byClass[c] = map[string]int{}
 				}
 				byClass[c][string(got[i].Outcome)+"/"+got[i].Reason]++
-			}
-			if b, s := batched.snapshot(), single.snapshot(); b != s {
-				t.Fatalf("seed %d round %d: state differs\nbatch  %+v\nsingle %+v", seed, round, b, s)
 			}
 			keysOf := func(f *fixture) string {
 				var s string
@@ -236,7 +209,7 @@ func TestIngestBatchMatchesOneByOneVerifiedWith(t *testing.T) {
 				return s
 			}
 			if b, s := keysOf(batched), keysOf(single); b != s {
-				t.Fatalf("seed %d round %d: stored key ids differ\nbatch  %s\nsingle %s", seed, round, b, s)
+				t.Fatalf("%s: stored key ids differ\nbatch  %s\nsingle %s", label, b, s)
 			}
 		}
 	}
@@ -255,9 +228,52 @@ func TestIngestBatchMatchesOneByOneVerifiedWith(t *testing.T) {
 	t.Logf("verdicts compared by key: %v", byClass)
 }
 
-func keyOf(m keyModel, it store.BatchItem) string {
-	if it.Ingest == nil {
-		return "-"
+// raiseFloorBoth raises one random stream's replay floor in both fixtures
+// (or fails alike in both: a lower floor, a stream never written).
+func raiseFloorBoth(t *testing.T, label string, r *rand.Rand, batched, single *fixture) {
+	t.Helper()
+	tenant, producer, floor := []string{"t1", "t2"}[r.IntN(2)], fmt.Sprintf("d%d", 1+r.IntN(3)), int64(r.IntN(6))
+	for _, f := range []*fixture{batched, single} {
+		if _, err := f.s.SetReplayFloor(context.Background(), tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s: SetReplayFloor: %v", label, err)
+		}
 	}
-	return fmt.Sprintf("%s (%s)", it.Ingest.KeyID, m.class(it.Actor.TenantID, it.Ingest))
+}
+
+// ingestBoth is the comparison of the two paths of step 5: items go to
+// batched as one IngestBatch (set-based) and to single one by one (decideSQL,
+// refusals as Audit), and every answer and the rows left must be the same.
+// It returns the answers.
+func ingestBoth(t *testing.T, label string, batched, single *fixture, items []store.BatchItem) []store.Result {
+	t.Helper()
+	ctx := context.Background()
+	got, err := batched.s.IngestBatch(ctx, items)
+	if err != nil {
+		t.Fatalf("%s: IngestBatch: %v", label, err)
+	}
+	if len(got) != len(items) {
+		t.Fatalf("%s: %d results for %d items", label, len(got), len(items))
+	}
+	for i, it := range items {
+		var want store.Result
+		if it.Refusal != nil {
+			if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
+				t.Fatal(err)
+			}
+			want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}
+		} else {
+			want = mustIngest(t, single.s, it.Actor, *it.Ingest)
+		}
+		if got[i] != want {
+			key := "-"
+			if it.Ingest != nil {
+				key = fmt.Sprintf("%s, verified with %x", it.Ingest.KeyID, it.Ingest.VerifiedWith)
+			}
+			t.Fatalf("%s item %d (key %s): batch %+v, one by one %+v", label, i, key, got[i], want)
+		}
+	}
+	if b, s := batched.snapshot(), single.snapshot(); b != s {
+		t.Fatalf("%s: state differs\nbatch  %+v\nsingle %+v", label, b, s)
+	}
+	return got
 }
