@@ -25,13 +25,11 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 	dryRun := fs.Bool("dry-run", false, "print the migrations that would be applied, one JSON object a line, and apply none")
 	layoutName := fs.String("layout", "", "the layout of a new database: plain (default) or partitioned (the large tables hash-partitioned by tenant); refused on a database migrated with the other one")
 	d := c.addDBFlags(fs, 5*time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return code
-	}
-	dsn, code := c.dsn(path, d)
+	dsn, cctx, cancel, code := c.parseDSN(ctx, fs, path, args, d)
 	if dsn == "" {
 		return code
 	}
+	defer cancel()
 	var layout migrations.Layout
 	if *layoutName != "" {
 		l, err := migrations.ParseLayout(*layoutName)
@@ -40,8 +38,6 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 		}
 		layout = l
 	}
-	cctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
 	if *dryRun {
 		return c.migrateDryRun(cctx, path, dsn, layout)
 	}

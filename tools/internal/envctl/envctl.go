@@ -356,6 +356,20 @@ func (c *cli) dsn(path string, d *dbFlags) (string, int) {
 	return dsn, ExitOK
 }
 
+// parseDSN parses fs and resolves the database URL, for the commands that open the database themselves
+// (migrate, migrate status, verify): "" means the command must return code; otherwise cctx carries the
+// command's --timeout and cancel releases it.
+func (c *cli) parseDSN(ctx context.Context, fs *flag.FlagSet, path string, args []string, d *dbFlags) (dsn string, cctx context.Context, cancel func(), code int) {
+	if done, code := c.parse(fs, path, args); done {
+		return "", nil, nil, code
+	}
+	if dsn, code = c.dsn(path, d); dsn == "" {
+		return "", nil, nil, code
+	}
+	cctx, cancel = context.WithTimeout(ctx, d.timeout)
+	return dsn, cctx, cancel, ExitOK
+}
+
 // open connects to the database named by --database-url or DATABASE_URL. The returned context carries
 // the command's timeout; cancel releases it and the store.
 func (c *cli) open(ctx context.Context, path string, d *dbFlags) (s *store.Store, cctx context.Context, cancel func(), code int) {
