@@ -59,8 +59,7 @@ func printLines[T any](c *cli, path string, items []T, limit int, line func(T) (
 // listing is one id-ordered tenant listing (endpoint, key and credential list): --tenant, the page
 // flags, the database flags and its own, then one page printed by printLines.
 type listing[T any] struct {
-	synopsis string
-	what     string // what is listed, for --limit's help: "keys"
+	what string // what is listed, for --limit's help: "keys"
 	// flags adds the listing's own flags to fs and returns their check (run after parse), or nil.
 	flags func(fs *flag.FlagSet) (check func() error)
 	// list reads one page; a method expression such as (*store.Store).ListKeys fits.
@@ -69,7 +68,7 @@ type listing[T any] struct {
 }
 
 func (l listing[T]) run(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, l.synopsis)
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	var check func() error
 	if l.flags != nil {
@@ -106,8 +105,7 @@ func (l listing[T]) run(ctx context.Context, c *cli, path string, args []string)
 func runEndpointList(ctx context.Context, c *cli, path string, args []string) int {
 	var project *string
 	return listing[store.Endpoint]{
-		synopsis: "--tenant T [--project P] [--limit N] [--after ID]",
-		what:     "endpoints",
+		what: "endpoints",
 		flags: func(fs *flag.FlagSet) func() error {
 			project = fs.String("project", "", "only endpoints of this project")
 			return func() error {
@@ -125,7 +123,7 @@ func runEndpointList(ctx context.Context, c *cli, path string, args []string) in
 }
 
 func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) int {
-	o := endpointFlags(c, path, "--tenant T --id E [--url URL] [--secret-ref NAME]")
+	o := endpointFlags(c, path)
 	rawURL := o.fs.String("url", "", "new URL, checked as by endpoint add")
 	secretRef := o.fs.String("secret-ref", "", "new secret ref, checked as by endpoint add")
 	tenant, id, done, code := o.parse(c, path, args)
@@ -186,7 +184,7 @@ func newKeyLine(k store.Key) (any, string) {
 }
 
 func runKeyList(ctx context.Context, c *cli, path string, args []string) int {
-	keys := listing[store.Key]{synopsis: "--tenant T [--limit N] [--after KEY_ID]", what: "keys", list: (*store.Store).ListKeys, line: newKeyLine}
+	keys := listing[store.Key]{what: "keys", list: (*store.Store).ListKeys, line: newKeyLine}
 	return keys.run(ctx, c, path, args)
 }
 
@@ -209,7 +207,7 @@ func newCredentialLine(cr store.Credential) (any, string) {
 }
 
 func runCredentialList(ctx context.Context, c *cli, path string, args []string) int {
-	credentials := listing[store.Credential]{synopsis: "--tenant T [--limit N] [--after CREDENTIAL_ID]", what: "credentials",
+	credentials := listing[store.Credential]{what: "credentials",
 		list: (*store.Store).ListCredentials, line: newCredentialLine}
 	return credentials.run(ctx, c, path, args)
 }
@@ -248,7 +246,7 @@ func (c *cli) migrationStatus(ctx context.Context, path, dsn string) ([]migratio
 }
 
 func runMigrateStatus(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--database-url URL]")
+	fs := c.flagSet(path)
 	d := c.addDBFlags(fs, time.Minute)
 	dsn, cctx, cancel, code := c.parseDSN(ctx, fs, path, args, d)
 	if dsn == "" {

@@ -191,13 +191,13 @@ func checkInvariants(ctx context.Context, db *sql.DB) ([]verifyResult, error) {
 }
 
 func runVerify(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--database-url URL]")
+	fs := c.flagSet(path)
 	d := c.addDBFlags(fs, 30*time.Minute)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s [--database-url URL] [--timeout D]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\n"+
 			"Checks the invariants a backup restore must keep and prints one line per invariant,\n"+
 			"\"<name> <violating rows>\"; exit 1 when any count is not 0. Run it as the database owner\n"+
-			"(it reads every envelope table). Invariants:\n\n", path)
+			"(it reads every envelope table). Invariants:\n\n", path, c.usage)
 		for _, inv := range invariants() {
 			fmt.Fprintf(fs.Output(), "  %-26s %s\n", inv.name, inv.why)
 		}
