@@ -34,7 +34,6 @@
 # .tmp/bin, and for each worker count makes a fresh database envelopeworker_bench_delivery, migrates it
 # and runs loadgen-delivery (see tools/internal/loaddelivery); the database is dropped on exit.
 set -euo pipefail
-script_name=bench-delivery.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 

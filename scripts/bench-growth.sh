@@ -31,7 +31,6 @@
 # 1, 2, 3, …, while the tables and their indexes are large), then stops it: only one ingest-api holds
 # connections at a time. The load average is sampled before and after every run.
 set -euo pipefail
-script_name=bench-growth.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 
@@ -55,16 +54,7 @@ done
 	[ "$chunk" -ge 1 ] && [ "$seed_bytes" -ge 100 ] || die "BENCH_PRODUCERS, _ROUNDS, _SEED_TENANTS, _SEED_STREAMS, _SEED_CHUNK must be ≥ 1, _SEED_ENVELOPE_BYTES ≥ 100"
 case "$layout" in '' | plain | partitioned) ;; *) die "BENCH_LAYOUT must be plain or partitioned" ;; esac
 [ "$count" -ge "$producers" ] || count=$producers
-need psql "install the PostgreSQL client (Debian: postgresql-client)"
-need curl "install curl"
-
-work="$tmp/bench-growth"
-rm -rf "$work"
-mkdir -p "$work"
-chmod 700 "$work"
-pidfile="$work/ingest-api.pid"
-started_pg=0
-admin=""
+bench_init bench-growth
 dbs=()
 cleanup() {
 	stop_pidfile "$pidfile" ingest-api

@@ -19,7 +19,6 @@
 # started) on exit. Every run starts new streams (a fresh project), so sequences run 1, 2, 3, ..., and
 # follows a CHECKPOINT (see settle).
 set -euo pipefail
-script_name=bench-ingest.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 
@@ -29,16 +28,7 @@ batch=${BENCH_BATCH:-100}
 single_count=${BENCH_SINGLE_COUNT:-200000}
 batch_count=${BENCH_BATCH_COUNT:-400000}
 payload=${BENCH_PAYLOAD_BYTES:-600}
-need psql "install the PostgreSQL client (Debian: postgresql-client)"
-need curl "install curl"
-
-work="$tmp/bench-ingest"
-rm -rf "$work"
-mkdir -p "$work"
-chmod 700 "$work"
-pidfile="$work/ingest-api.pid"
-started_pg=0
-admin=""
+bench_init bench-ingest
 db=envelopeworker_bench
 cleanup() {
 	stop_pidfile "$pidfile" ingest-api

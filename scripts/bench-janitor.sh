@@ -37,7 +37,6 @@
 # (a neighbour's burst of load swings single runs 2-5x on a shared machine). Everything stops (ingest-api, a running load generator or janitor, a
 # throwaway cluster pg.sh started) and the database is dropped on exit. Every wait is bounded.
 set -euo pipefail
-script_name=bench-janitor.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 
@@ -82,19 +81,10 @@ for v in rounds seconds rate producers payload jrows jbytes jdelay; do
 done
 [ "$rounds" -ge 1 ] && [ "$seconds" -ge 1 ] && [ "$rate" -ge 1 ] && [ "$producers" -ge 1 ] && [ "$jrows" -ge 1 ] ||
 	die "rounds, seconds, rate, producers and janitor rows must be at least 1"
-need psql "install the PostgreSQL client (Debian: postgresql-client)"
-need curl "install curl"
 need timeout "install coreutils"
-
-work="$tmp/bench-janitor"
-rm -rf "$work"
-mkdir -p "$work"
-chmod 700 "$work"
-pidfile="$work/ingest-api.pid"
+bench_init bench-janitor
 loadgen_pid=""
 janitor_pid=""
-started_pg=0
-admin=""
 db=envelopeworker_bench_janitor
 cleanup() {
 	# Our own children, by pid, if a failure left one running.

@@ -19,7 +19,6 @@
 # and starts ingest-api on a free loopback port with its limiters opened wide. Every run follows a
 # CHECKPOINT (see bench-ingest.sh).
 set -euo pipefail
-script_name=bench-outbox.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 
@@ -28,16 +27,7 @@ rounds=${BENCH_ROUNDS:-3}
 count=${BENCH_COUNT:-200000}
 payload=${BENCH_PAYLOAD_BYTES:-600}
 base_rev=${BENCH_BASE_REV:-}
-need psql "install the PostgreSQL client (Debian: postgresql-client)"
-need curl "install curl"
-
-work="$tmp/bench-outbox"
-rm -rf "$work"
-mkdir -p "$work"
-chmod 700 "$work"
-pidfile="$work/ingest-api.pid"
-started_pg=0
-admin=""
+bench_init bench-outbox
 db=envelopeworker_bench_outbox
 cleanup() {
 	stop_pidfile "$pidfile" ingest-api

@@ -19,7 +19,6 @@
 # makes the exit status 1.
 set -euo pipefail
 umask 077
-script_name=demo.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 

@@ -11,7 +11,6 @@
 #   - .tmp/bin (the built binaries) and .tmp/stack's tokens, seeds and logs stay for a look; `rm -rf .tmp`
 #     removes them.
 set -euo pipefail
-script_name=down.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 

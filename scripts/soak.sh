@@ -34,7 +34,6 @@
 # any envelope not accepted, any enqueue not answered 201, any janitor run that failed, or any message not
 # delivered within 60 s of the end. Everything it started stops on exit, by pid. Every wait is bounded.
 set -euo pipefail
-script_name=soak.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 

@@ -1,7 +1,10 @@
-# stack-lib.sh — shared by up.sh, demo.sh, down.sh and bench-ingest.sh (source it; not a command).
+# stack-lib.sh — shared by up.sh, demo.sh, down.sh, soak.sh and the bench-*.sh scripts (source it; not a command).
 #
 # Everything the local stack starts is recorded under .tmp/stack/ (pid files, logs, the demo's token and
 # seed), so down.sh stops exactly what was started, by pid, and nothing else.
+
+# The name every message of the sourcing script starts with.
+script_name=$(basename "$0")
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp="$root/.tmp"
@@ -59,6 +62,21 @@ fresh_db() {
 		die "cannot drop database $name"
 	psql "$admin" -XqAt -v ON_ERROR_STOP=1 -c "CREATE DATABASE $name" >/dev/null ||
 		die "cannot create database $name"
+}
+
+# bench_init NAME: what a bench script that runs ingest-api needs before it starts anything: psql and
+# curl, a fresh private work directory $work ($tmp/NAME, mode 700: it will hold tokens and seeds), and
+# the state its cleanup reads ($pidfile of ingest-api, $started_pg, $admin) at "nothing started".
+bench_init() {
+	need psql "install the PostgreSQL client (Debian: postgresql-client)"
+	need curl "install curl"
+	work="$tmp/$1"
+	rm -rf "$work"
+	mkdir -p "$work"
+	chmod 700 "$work"
+	pidfile="$work/ingest-api.pid"
+	started_pg=0
+	admin=""
 }
 
 # use_pg: a PostgreSQL from scripts/pg.sh (the server on 127.0.0.1:5432, TEST_DATABASE_URL's, or a

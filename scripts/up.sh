@@ -26,7 +26,6 @@
 # Running it again stops the earlier processes and starts over with a fresh database. Works as root
 # (pg.sh runs PostgreSQL itself as a non-root user) and as a normal user.
 set -euo pipefail
-script_name=up.sh
 # shellcheck source=scripts/stack-lib.sh
 . "$(dirname "$0")/stack-lib.sh"
 

@@ -1,6 +1,8 @@
 // Package buildinfo is the one home of a binary's version: what --version
-// prints and what the build_info gauge exports. Every binary imports it; it
-// imports no module of this repository, so no binary depends on another.
+// prints and what the build_info gauge exports; and of what every main does
+// around its program (Main: --version, the signal context, the exit status).
+// Every binary imports it; it imports no module of this repository, so no
+// binary depends on another.
 //
 // The version and revision come from the Go toolchain's build information
 // (runtime/debug.ReadBuildInfo): the main module's version when built with

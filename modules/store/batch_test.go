@@ -73,45 +73,17 @@ func (f *fixture) snapshot() snapshot {
 // Several rounds per seed, with replay floors raised between them, so later
 // batches meet what earlier ones stored.
 func TestIngestBatchMatchesOneByOne(t *testing.T) {
-	ctx := context.Background()
 	outcomes := map[string]int{}
 	for seed := uint64(1); seed <= 6; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
 		batched, single := newFixture(t), newFixture(t)
 		for round := 0; round < 4; round++ {
+			label := fmt.Sprintf("seed %d round %d", seed, round)
 			if round > 0 && r.IntN(2) == 0 {
-				tenant, producer, floor := []string{"t1", "t2"}[r.IntN(2)], fmt.Sprintf("d%d", 1+r.IntN(3)), int64(r.IntN(6))
-				for _, f := range []*fixture{batched, single} {
-					if _, err := f.s.SetReplayFloor(ctx, tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
-						t.Fatalf("seed %d round %d: SetReplayFloor: %v", seed, round, err)
-					}
-				}
+				raiseFloorBoth(t, label, r, batched, single)
 			}
-			items := randomItems(r, 2+r.IntN(79))
-			got, err := batched.s.IngestBatch(ctx, items)
-			if err != nil {
-				t.Fatalf("seed %d round %d: IngestBatch: %v", seed, round, err)
-			}
-			if len(got) != len(items) {
-				t.Fatalf("seed %d round %d: %d results for %d items", seed, round, len(got), len(items))
-			}
-			for i, it := range items {
-				var want store.Result
-				if it.Refusal != nil {
-					if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
-						t.Fatal(err)
-					}
-					want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}
-				} else {
-					want = mustIngest(t, single.s, it.Actor, *it.Ingest)
-				}
-				if got[i] != want {
-					t.Fatalf("seed %d round %d item %d: batch %+v, one by one %+v", seed, round, i, got[i], want)
-				}
-				outcomes[string(got[i].Outcome)+"/"+got[i].Reason]++
-			}
-			if b, s := batched.snapshot(), single.snapshot(); b != s {
-				t.Fatalf("seed %d round %d: state differs\nbatch  %+v\nsingle %+v", seed, round, b, s)
+			for _, res := range ingestBoth(t, label, batched, single, randomItems(r, 2+r.IntN(79))) {
+				outcomes[string(res.Outcome)+"/"+res.Reason]++
 			}
 		}
 	}

@@ -268,12 +268,13 @@ func (b *setBatch) decide(states map[streamKey]*streamState, fs []found) ([]Resu
 		}
 		in, f := p.in, fs[fi]
 		fi++
-		if f.stale {
-			results[i] = Result{Outcome: OutcomeStale, EventIdentity: in.EventIdentity}
-			continue
-		}
 		k := streamKey{a.TenantID, in.ProjectID, in.ProducerID}
 		st := states[k]
+		if f.stale {
+			// Cursor as decideSQL answers it: the stream's, which a stale input leaves as it was.
+			results[i] = Result{Outcome: OutcomeStale, EventIdentity: in.EventIdentity, Cursor: st.cursor}
+			continue
+		}
 		maxAhead := in.MaxAhead
 		if maxAhead <= 0 {
 			maxAhead = DefaultMaxAhead

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -95,6 +96,14 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("telemetry: flush spans: %w", err)
 	}
 	return nil
+}
+
+// ShutdownLogged is Shutdown for a binary's deferred last step: spans that
+// could not be flushed are a warning on log, not a failure of the run.
+func (p *Provider) ShutdownLogged(ctx context.Context, log *slog.Logger) {
+	if err := p.Shutdown(ctx); err != nil {
+		log.Warn("spans not flushed", slog.String("error", err.Error()))
+	}
 }
 
 // Setup decides from the environment given by getenv whether the binary

@@ -5,13 +5,8 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
 
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/services/ingest-api/internal/app"
@@ -25,22 +20,10 @@ import (
 const gcPercent = 400
 
 func main() {
-	// Answered before any setting is read: a version needs no database.
-	if buildinfo.VersionRequested(os.Args[1:]) {
-		buildinfo.Print(os.Stdout, "ingest-api")
-		return
-	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	err := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, nil)
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ingest-api:", err)
-		os.Exit(1)
-	}
+	buildinfo.Main("ingest-api", func(ctx context.Context, args []string) error {
+		return app.Run(ctx, args, os.Getenv, os.Stdout, nil)
+	})
 }

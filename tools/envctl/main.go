@@ -4,23 +4,19 @@ package main
 import (
 	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo"
 	"github.com/envelopeworker/envelopeworker/tools/internal/envctl"
 )
 
 func main() {
-	// Answered before any setting is read: a version needs no database.
-	if buildinfo.VersionRequested(os.Args[1:]) {
-		buildinfo.Print(os.Stdout, "envctl")
-		return
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := envctl.Run(ctx, os.Args[1:], envctl.Env{
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
+	buildinfo.Main("envctl", func(ctx context.Context, args []string) error {
+		// envctl reports its own failures; only the status is left.
+		if code := envctl.Run(ctx, args, envctl.Env{
+			Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
+		}); code != envctl.ExitOK {
+			return buildinfo.ExitStatus(code)
+		}
+		return nil
 	})
-	stop()
-	os.Exit(code)
 }

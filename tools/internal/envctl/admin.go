@@ -56,54 +56,74 @@ func printLines[T any](c *cli, path string, items []T, limit int, line func(T) (
 	return ExitOK
 }
 
-// listSetup parses the flags of a tenant listing and opens the store; s is nil when the command must
-// return code.
-func (c *cli) listSetup(ctx context.Context, path string, fs *flag.FlagSet, d *dbFlags, p *pageFlags, args []string,
-	extra func() error) (s *store.Store, cctx context.Context, cancel func(), page store.AdminPage, code int) {
-	if done, code := c.parse(fs, path, args); done {
-		return nil, nil, nil, page, code
-	}
-	if err := checkIdentities(fs, "tenant"); err != nil {
-		return nil, nil, nil, page, c.usageError(path, "%v", err)
-	}
-	if err := p.check(); err != nil {
-		return nil, nil, nil, page, c.usageError(path, "%v", err)
-	}
-	if extra != nil {
-		if err := extra(); err != nil {
-			return nil, nil, nil, page, c.usageError(path, "%v", err)
-		}
-	}
-	s, cctx, cancel, code = c.open(ctx, path, d)
-	page = store.AdminPage{TenantID: fs.Lookup("tenant").Value.String(), After: p.after, Limit: p.limit}
-	return s, cctx, cancel, page, code
+// listing is one id-ordered tenant listing (endpoint, key and credential list): --tenant, the page
+// flags, the database flags and its own, then one page printed by printLines.
+type listing[T any] struct {
+	what string // what is listed, for --limit's help: "keys"
+	// flags adds the listing's own flags to fs and returns their check (run after parse), or nil.
+	flags func(fs *flag.FlagSet) (check func() error)
+	// list reads one page; a method expression such as (*store.Store).ListKeys fits.
+	list func(s *store.Store, ctx context.Context, page store.AdminPage) ([]T, error)
+	line func(T) (v any, id string) // the JSON line and the id --after continues from
 }
 
-func runEndpointList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T [--project P] [--limit N] [--after ID]")
+func (l listing[T]) run(ctx context.Context, c *cli, path string, args []string) int {
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
-	project := fs.String("project", "", "only endpoints of this project")
-	p := addPageFlags(fs, "endpoints")
+	var check func() error
+	if l.flags != nil {
+		check = l.flags(fs)
+	}
+	p := addPageFlags(fs, l.what)
 	d := c.addDBFlags(fs, time.Minute)
-	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, func() error {
-		if *project != "" {
-			return checkIdentities(fs, "project")
+	if done, code := c.parse(fs, path, args); done {
+		return code
+	}
+	if err := checkIdentities(fs, "tenant"); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if err := p.check(); err != nil {
+		return c.usageError(path, "%v", err)
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return c.usageError(path, "%v", err)
 		}
-		return nil
-	})
+	}
+	s, cctx, cancel, code := c.open(ctx, path, d)
 	if s == nil {
 		return code
 	}
 	defer cancel()
-	es, err := s.ListEndpoints(cctx, page, *project)
+	items, err := l.list(s, cctx, store.AdminPage{TenantID: fs.Lookup("tenant").Value.String(), After: p.after, Limit: p.limit})
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
-	return printLines(c, path, es, p.limit, func(e store.Endpoint) (any, string) { return newEndpointLine(e), e.ID })
+	return printLines(c, path, items, p.limit, l.line)
+}
+
+func runEndpointList(ctx context.Context, c *cli, path string, args []string) int {
+	var project *string
+	return listing[store.Endpoint]{
+		what: "endpoints",
+		flags: func(fs *flag.FlagSet) func() error {
+			project = fs.String("project", "", "only endpoints of this project")
+			return func() error {
+				if *project != "" {
+					return checkIdentities(fs, "project")
+				}
+				return nil
+			}
+		},
+		list: func(s *store.Store, ctx context.Context, page store.AdminPage) ([]store.Endpoint, error) {
+			return s.ListEndpoints(ctx, page, *project)
+		},
+		line: func(e store.Endpoint) (any, string) { return newEndpointLine(e), e.ID },
+	}.run(ctx, c, path, args)
 }
 
 func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) int {
-	o := endpointFlags(c, path, "--tenant T --id E [--url URL] [--secret-ref NAME]")
+	o := endpointFlags(c, path)
 	rawURL := o.fs.String("url", "", "new URL, checked as by endpoint add")
 	secretRef := o.fs.String("secret-ref", "", "new secret ref, checked as by endpoint add")
 	tenant, id, done, code := o.parse(c, path, args)
@@ -157,25 +177,15 @@ type keyLine struct {
 	RevokedAt *string `json:"revoked_at"`
 }
 
+func newKeyLine(k store.Key) (any, string) {
+	return keyLine{KeyID: k.KeyID, TenantID: k.TenantID, PublicKey: base64.RawURLEncoding.EncodeToString(k.PublicKey),
+		State: string(k.State), CreatedAt: formatTime(k.CreatedAt), RetiredAt: formatTimePtr(k.RetiredAt),
+		RevokedAt: formatTimePtr(k.RevokedAt)}, k.KeyID
+}
+
 func runKeyList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T [--limit N] [--after KEY_ID]")
-	fs.String("tenant", "", "tenant id (required)")
-	p := addPageFlags(fs, "keys")
-	d := c.addDBFlags(fs, time.Minute)
-	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, nil)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	ks, err := s.ListKeys(cctx, page)
-	if err != nil {
-		return c.storeFailure(path, err)
-	}
-	return printLines(c, path, ks, p.limit, func(k store.Key) (any, string) {
-		return keyLine{KeyID: k.KeyID, TenantID: k.TenantID, PublicKey: base64.RawURLEncoding.EncodeToString(k.PublicKey),
-			State: string(k.State), CreatedAt: formatTime(k.CreatedAt), RetiredAt: formatTimePtr(k.RetiredAt),
-			RevokedAt: formatTimePtr(k.RevokedAt)}, k.KeyID
-	})
+	keys := listing[store.Key]{what: "keys", list: (*store.Store).ListKeys, line: newKeyLine}
+	return keys.run(ctx, c, path, args)
 }
 
 // credentialLine is one line of `credential list`: no token, no digest (neither can be shown).
@@ -190,25 +200,16 @@ type credentialLine struct {
 	RevokedAt    *string `json:"revoked_at"`
 }
 
+func newCredentialLine(cr store.Credential) (any, string) {
+	return credentialLine{CredentialID: cr.ID, TenantID: cr.TenantID, AccountID: cr.AccountID, DeviceID: cr.DeviceID,
+		Role: string(cr.Role), Status: string(cr.Status), CreatedAt: formatTime(cr.CreatedAt),
+		RevokedAt: formatTimePtr(cr.RevokedAt)}, cr.ID
+}
+
 func runCredentialList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T [--limit N] [--after CREDENTIAL_ID]")
-	fs.String("tenant", "", "tenant id (required)")
-	p := addPageFlags(fs, "credentials")
-	d := c.addDBFlags(fs, time.Minute)
-	s, cctx, cancel, page, code := c.listSetup(ctx, path, fs, d, p, args, nil)
-	if s == nil {
-		return code
-	}
-	defer cancel()
-	cs, err := s.ListCredentials(cctx, page)
-	if err != nil {
-		return c.storeFailure(path, err)
-	}
-	return printLines(c, path, cs, p.limit, func(cr store.Credential) (any, string) {
-		return credentialLine{CredentialID: cr.ID, TenantID: cr.TenantID, AccountID: cr.AccountID, DeviceID: cr.DeviceID,
-			Role: string(cr.Role), Status: string(cr.Status), CreatedAt: formatTime(cr.CreatedAt),
-			RevokedAt: formatTimePtr(cr.RevokedAt)}, cr.ID
-	})
+	credentials := listing[store.Credential]{what: "credentials",
+		list: (*store.Store).ListCredentials, line: newCredentialLine}
+	return credentials.run(ctx, c, path, args)
 }
 
 // migrationLine is one line of `migrate status` and `migrate --dry-run`.
@@ -245,16 +246,12 @@ func (c *cli) migrationStatus(ctx context.Context, path, dsn string) ([]migratio
 }
 
 func runMigrateStatus(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--database-url URL]")
+	fs := c.flagSet(path)
 	d := c.addDBFlags(fs, time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return code
-	}
-	dsn, code := c.dsn(path, d)
+	dsn, cctx, cancel, code := c.parseDSN(ctx, fs, path, args, d)
 	if dsn == "" {
 		return code
 	}
-	cctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	st, code := c.migrationStatus(cctx, path, dsn)
 	if st == nil {

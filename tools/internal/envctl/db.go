@@ -21,17 +21,15 @@ import (
 const maxCredentialID = 64
 
 func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--dry-run] [--layout plain|partitioned] [--database-url URL]\n       "+path+" status [--database-url URL]   (each migration's state and checksums)")
+	fs := c.flagSet(path)
 	dryRun := fs.Bool("dry-run", false, "print the migrations that would be applied, one JSON object a line, and apply none")
 	layoutName := fs.String("layout", "", "the layout of a new database: plain (default) or partitioned (the large tables hash-partitioned by tenant); refused on a database migrated with the other one")
 	d := c.addDBFlags(fs, 5*time.Minute)
-	if done, code := c.parse(fs, path, args); done {
-		return code
-	}
-	dsn, code := c.dsn(path, d)
+	dsn, cctx, cancel, code := c.parseDSN(ctx, fs, path, args, d)
 	if dsn == "" {
 		return code
 	}
+	defer cancel()
 	var layout migrations.Layout
 	if *layoutName != "" {
 		l, err := migrations.ParseLayout(*layoutName)
@@ -40,8 +38,6 @@ func runMigrate(ctx context.Context, c *cli, path string, args []string) int {
 		}
 		layout = l
 	}
-	cctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
 	if *dryRun {
 		return c.migrateDryRun(cctx, path, dsn, layout)
 	}
@@ -155,7 +151,7 @@ func walCompressionGrantNote(ctx context.Context, db *sql.DB, role string) (stri
 }
 
 func runCredentialIssue(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --account A --device D --role device|service|operator")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("account", "", "account id (required)")
 	fs.String("device", "", "device id; for role device it is the producer_id its envelopes must carry (required)")
@@ -196,7 +192,7 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 }
 
 func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
-	o := c.objectFlags(path, "--tenant T --id ID", "a credential id", "credential id, as printed by credential issue", maxCredentialID)
+	o := c.objectFlags(path, "a credential id", "credential id, as printed by credential issue", maxCredentialID)
 	return o.run(ctx, c, path, args, "credential", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
 		if err := s.RevokeCredential(ctx, tenant, id); err != nil {
 			if errors.Is(err, store.ErrInvalid) { // an id of no credential's form
@@ -210,7 +206,7 @@ func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string
 }
 
 func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --key-id K --public-key BASE64URL")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("key-id", "", "key id envelopes name in key_id (required)")
 	pubText := fs.String("public-key", "", "Ed25519 public key, base64url of 32 bytes, padding optional (required)")
@@ -257,7 +253,7 @@ func runKeyRevoke(ctx context.Context, c *cli, path string, args []string) int {
 
 func keyTransition(ctx context.Context, c *cli, path string, args []string, state string,
 	op func(*store.Store, context.Context, string, string) error) int {
-	fs := c.flagSet(path, "--tenant T --key-id K")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("key-id", "", "key id (required)")
 	d := c.addDBFlags(fs, time.Minute)
@@ -287,7 +283,7 @@ func keyTransition(ctx context.Context, c *cli, path string, args []string, stat
 }
 
 func runKeyPrune(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--replay-window 2160h]")
+	fs := c.flagSet(path)
 	def := 2160 * time.Hour
 	window := fs.Duration("replay-window", def, "the ingest replay window; a retired or revoked key goes only once every envelope it signed is older than this (default $REPLAY_WINDOW, else 2160h)")
 	d := c.addDBFlags(fs, 5*time.Minute)
@@ -329,8 +325,8 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-func streamFlags(c *cli, path, synopsis string) (*flag.FlagSet, *dbFlags) {
-	fs := c.flagSet(path, synopsis)
+func streamFlags(c *cli, path string) (*flag.FlagSet, *dbFlags) {
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("project", "", "project id (required)")
 	fs.String("producer", "", "producer id, i.e. the device id (required)")
@@ -342,7 +338,7 @@ func printStream(c *cli, st store.StreamState) {
 }
 
 func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) int {
-	fs, d := streamFlags(c, path, "--tenant T --project P --producer D --floor N")
+	fs, d := streamFlags(c, path)
 	floorText := fs.String("floor", "", "new replay floor: sequences up to N count as settled; must not be lower than the current floor (required)")
 	if done, code := c.parse(fs, path, args); done {
 		return code
@@ -376,7 +372,7 @@ func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) 
 }
 
 func runStreamShow(ctx context.Context, c *cli, path string, args []string) int {
-	fs, d := streamFlags(c, path, "--tenant T --project P --producer D")
+	fs, d := streamFlags(c, path)
 	if done, code := c.parse(fs, path, args); done {
 		return code
 	}
@@ -419,7 +415,7 @@ func orNull(s string) *string {
 const maxAuditLimit = store.MaxAuditLimit
 
 func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T [--project P] [--outcome O] [--since TIME] [--until TIME] [--limit N] [--after CURSOR]")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	project := fs.String("project", "", "only rows of this project")
 	outcome := fs.String("outcome", "", "only rows with this outcome code, e.g. accepted, refused, replayed")

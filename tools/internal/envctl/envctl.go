@@ -39,13 +39,16 @@ type Env struct {
 
 type cli struct {
 	Env
-	// example is the example line of the leaf command being run, shown by its -h.
-	example string
+	// usage and example are the usage and example line of the leaf command being run, shown by its -h.
+	usage, example string
 }
 
 type command struct {
 	name    string
 	summary string
+	// usage is the flags of a leaf command, shown by -h after its path (a second form on a line of its
+	// own, path included).
+	usage string
 	// example is one command line shown by -h; every leaf command has one (cli_test).
 	example string
 	run     func(ctx context.Context, c *cli, path string, args []string) int
@@ -57,75 +60,75 @@ type command struct {
 func commands() []*command {
 	return []*command{
 		{name: "migrate", summary: "apply the database migrations (idempotent); --dry-run lists what would run", run: runMigrate,
-			example: "envctl migrate --dry-run && envctl migrate",
+			usage: "[--dry-run] [--layout plain|partitioned] [--database-url URL]\n       envctl migrate status [--database-url URL]   (each migration's state and checksums)", example: "envctl migrate --dry-run && envctl migrate",
 			subs: []*command{
 				{name: "status", summary: "print every migration, applied or embedded, with its checksums, one JSON object a line", run: runMigrateStatus,
-					example: "envctl migrate status | jq -c 'select(.state != \"applied\")'"},
+					usage: "[--database-url URL]", example: "envctl migrate status | jq -c 'select(.state != \"applied\")'"},
 			}},
 		{name: "credential", summary: "issue, list or revoke bearer credentials", subs: []*command{
 			{name: "issue", summary: "issue a credential and print its token alone on one line", run: runCredentialIssue,
-				example: "tok=$(envctl credential issue --tenant acme --account ops --device ops-cli --role operator)"},
+				usage: "--tenant T --account A --device D --role device|service|operator", example: "tok=$(envctl credential issue --tenant acme --account ops --device ops-cli --role operator)"},
 			{name: "list", summary: "print a tenant's credentials (never their tokens), one JSON object a line", run: runCredentialList,
-				example: "envctl credential list --tenant acme | jq -c 'select(.status == \"active\")'"},
+				usage: "--tenant T [--limit N] [--after CREDENTIAL_ID]", example: "envctl credential list --tenant acme | jq -c 'select(.status == \"active\")'"},
 			{name: "revoke", summary: "revoke a credential by id", run: runCredentialRevoke,
-				example: "envctl credential revoke --tenant acme --id cred_0123456789abcdef01234567"},
+				usage: "--tenant T --id ID", example: "envctl credential revoke --tenant acme --id cred_0123456789abcdef01234567"},
 		}},
 		{name: "key", summary: "manage producer Ed25519 public keys", subs: []*command{
 			{name: "add", summary: "register a public key under a key id", run: runKeyAdd,
-				example: "envctl key add --tenant acme --key-id dev-1-2026 --public-key \"$(cat dev-1.pub)\""},
+				usage: "--tenant T --key-id K --public-key BASE64URL", example: "envctl key add --tenant acme --key-id dev-1-2026 --public-key \"$(cat dev-1.pub)\""},
 			{name: "list", summary: "print a tenant's keys in every state, one JSON object a line", run: runKeyList,
-				example: "envctl key list --tenant acme --limit 100"},
+				usage: "--tenant T [--limit N] [--after KEY_ID]", example: "envctl key list --tenant acme --limit 100"},
 			{name: "retire", summary: "retire a key (it still verifies envelopes issued up to now)", run: runKeyRetire,
-				example: "envctl key retire --tenant acme --key-id dev-1-2025"},
+				usage: "--tenant T --key-id K", example: "envctl key retire --tenant acme --key-id dev-1-2025"},
 			{name: "revoke", summary: "revoke a key (it verifies only exact duplicates from now on)", run: runKeyRevoke,
-				example: "envctl key revoke --tenant acme --key-id dev-1-2025"},
+				usage: "--tenant T --key-id K", example: "envctl key revoke --tenant acme --key-id dev-1-2025"},
 			{name: "prune", summary: "delete retired/revoked keys whose envelopes are all older than the replay window", run: runKeyPrune,
-				example: "envctl key prune --replay-window 2160h"},
+				usage: "[--replay-window 2160h]", example: "envctl key prune --replay-window 2160h"},
 		}},
 		{name: "stream", summary: "inspect streams and raise replay floors", subs: []*command{
 			{name: "set-floor", summary: "raise a stream's replay floor (never lowers)", run: runStreamSetFloor,
-				example: "envctl stream set-floor --tenant acme --project field --producer dev-1 --floor 5000"},
+				usage: "--tenant T --project P --producer D --floor N", example: "envctl stream set-floor --tenant acme --project field --producer dev-1 --floor 5000"},
 			{name: "show", summary: "print a stream's cursor and replay floor", run: runStreamShow,
-				example: "envctl stream show --tenant acme --project field --producer dev-1"},
+				usage: "--tenant T --project P --producer D", example: "envctl stream show --tenant acme --project field --producer dev-1"},
 		}},
 		{name: "audit", summary: "read the audit stream", subs: []*command{
 			{name: "list", summary: "print audit rows, newest first, one JSON object a line", run: runAuditList,
-				example: "envctl audit list --tenant acme --outcome replayed --since 2026-01-02T00:00:00Z --limit 50"},
+				usage: "--tenant T [--project P] [--outcome O] [--since TIME] [--until TIME] [--limit N] [--after CURSOR]", example: "envctl audit list --tenant acme --outcome replayed --since 2026-01-02T00:00:00Z --limit 50"},
 		}},
 		{name: "send", summary: "sign a draft envelope (or batch) and POST it to ingest-api", run: runSend,
-			example: "envctl send --url http://127.0.0.1:8080 --token-file tok --seed-file dev-1.seed --file draft.json"},
+			usage: "--url URL (--token-file F | --token T) --seed-file F --file DRAFT.json [--batch] [--state-file F]", example: "envctl send --url http://127.0.0.1:8080 --token-file tok --seed-file dev-1.seed --file draft.json"},
 		{name: "keygen", summary: "make a new Ed25519 seed and print its public key", run: runKeygen,
-			example: "envctl keygen --seed-file dev-1.seed > dev-1.pub"},
+			usage: "[--seed-file F]", example: "envctl keygen --seed-file dev-1.seed > dev-1.pub"},
 		{name: "endpoint", summary: "manage webhook endpoints of the outbox", subs: []*command{
 			{name: "add", summary: fmt.Sprintf("register an endpoint and print its id alone on one line; at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointAdd,
-				example: "envctl endpoint add --tenant acme --project field --topic task.proposals --url https://hooks.example.com/ew --secret-ref acme/hooks"},
+				usage: "--tenant T --project P --topic X --url URL --secret-ref NAME", example: "envctl endpoint add --tenant acme --project field --topic task.proposals --url https://hooks.example.com/ew --secret-ref acme/hooks"},
 			{name: "list", summary: "print a tenant's endpoints, one JSON object a line", run: runEndpointList,
-				example: "envctl endpoint list --tenant acme --project field"},
+				usage: "--tenant T [--project P] [--limit N] [--after ID]", example: "envctl endpoint list --tenant acme --project field"},
 			{name: "update", summary: "move an endpoint to a new URL and/or secret ref (checked as on add)", run: runEndpointUpdate,
-				example: "envctl endpoint update --tenant acme --id ep_0123456789abcdef01234567 --url https://hooks2.example.com/ew"},
+				usage: "--tenant T --id E [--url URL] [--secret-ref NAME]", example: "envctl endpoint update --tenant acme --id ep_0123456789abcdef01234567 --url https://hooks2.example.com/ew"},
 			{name: "enable", summary: fmt.Sprintf("turn an endpoint on (also after a 410 Gone disabled it); at most %d active a topic", store.MaxTopicEndpoints), run: runEndpointEnable,
-				example: "envctl endpoint enable --tenant acme --id ep_0123456789abcdef01234567"},
+				usage: "--tenant T --id E", example: "envctl endpoint enable --tenant acme --id ep_0123456789abcdef01234567"},
 			{name: "disable", summary: "turn an endpoint off (its messages wait, new enqueues skip it)", run: runEndpointDisable,
-				example: "envctl endpoint disable --tenant acme --id ep_0123456789abcdef01234567"},
+				usage: "--tenant T --id E", example: "envctl endpoint disable --tenant acme --id ep_0123456789abcdef01234567"},
 			{name: "show", summary: "print an endpoint as one JSON object", run: runEndpointShow,
-				example: "envctl endpoint show --tenant acme --id ep_0123456789abcdef01234567"},
+				usage: "--tenant T --id E", example: "envctl endpoint show --tenant acme --id ep_0123456789abcdef01234567"},
 		}},
 		{name: "dlq", summary: "list and replay dead letters", subs: []*command{
 			{name: "list", summary: "print a project's dead letters, oldest first, one JSON object a line", run: runDLQList,
-				example: "envctl dlq list --tenant acme --project field --limit 100"},
+				usage: "--tenant T --project P [--limit N] [--after CURSOR]", example: "envctl dlq list --tenant acme --project field --limit 100"},
 			{name: "replay", summary: "put one dead letter (--id), or a project's matching ones (--dry-run|--yes), back to pending", run: runDLQReplay,
-				example: "envctl dlq replay --tenant acme --project field --code http_5xx --since 2026-01-02T00:00:00Z --dry-run"},
+				usage: "--tenant T --id M [--account A]\n       envctl dlq replay --tenant T --project P [--endpoint E] [--code C] [--since TIME] [--limit N] [--pace D] --dry-run|--yes [--account A]", example: "envctl dlq replay --tenant acme --project field --code http_5xx --since 2026-01-02T00:00:00Z --dry-run"},
 		}},
 		{name: "outbox", summary: "inspect outbox messages and their delivery attempts; move old outbound bodies", subs: []*command{
 			{name: "show", summary: "print a message's status as one JSON object (as GET /v1/outbox/{id})", run: runOutboxShow,
-				example: "envctl outbox show --tenant acme --id msg_0123456789abcdef01234567"},
+				usage: "--tenant T --id M", example: "envctl outbox show --tenant acme --id msg_0123456789abcdef01234567"},
 			{name: "attempts", summary: fmt.Sprintf("print a message's latest %d delivery attempts, oldest first, one JSON object a line", store.MaxAttemptHistory), run: runOutboxAttempts,
-				example: "envctl outbox attempts --tenant acme --id msg_0123456789abcdef01234567"},
+				usage: "--tenant T --id M", example: "envctl outbox attempts --tenant acme --id msg_0123456789abcdef01234567"},
 			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies,
-				example: "envctl outbox backfill-bodies --retention 2160h --pause 100ms"},
+				usage: "[--batch N] [--pause D] [--retention D]", example: "envctl outbox backfill-bodies --retention 2160h --pause 100ms"},
 		}},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify,
-			example: "envctl verify --database-url \"$RESTORED_DATABASE_URL\""},
+			usage: "[--database-url URL] [--timeout D]", example: "envctl verify --database-url \"$RESTORED_DATABASE_URL\""},
 	}
 }
 
@@ -168,7 +171,7 @@ func (c *cli) dispatch(ctx context.Context, path string, cmds []*command, args [
 		if cmd.subs != nil && (cmd.run == nil || (len(args) > 1 && hasCommand(cmd.subs, args[1]))) {
 			return c.dispatch(ctx, sub, cmd.subs, args[1:])
 		}
-		c.example = cmd.example
+		c.usage, c.example = cmd.usage, cmd.example
 		return cmd.run(ctx, c, sub, args[1:])
 	}
 	fmt.Fprintf(c.Stderr, "%s: unknown command %q\nRun '%s -h' for the list of commands.\n", path, name, path)
@@ -194,12 +197,12 @@ func (c *cli) printGroup(w io.Writer, path string, cmds []*command) {
 	fmt.Fprintf(w, "\nRun '%s <command> -h' for the flags of a command.\n", path)
 }
 
-// flagSet builds the FlagSet of one leaf command; usage is the synopsis shown by -h.
-func (c *cli) flagSet(path, synopsis string) *flag.FlagSet {
+// flagSet builds the FlagSet of the leaf command being run; -h shows its usage, flags and example.
+func (c *cli) flagSet(path string) *flag.FlagSet {
 	fs := flag.NewFlagSet(path, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // parse errors are reported by parse, once, on stderr
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\nFlags:\n", path, synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\nFlags:\n", path, c.usage)
 		fs.PrintDefaults()
 		c.printExample(fs.Output())
 	}
@@ -276,8 +279,8 @@ type objectFlags struct {
 	max  int
 }
 
-func (c *cli) objectFlags(path, synopsis, kind, idHelp string, max int) *objectFlags {
-	fs := c.flagSet(path, synopsis)
+func (c *cli) objectFlags(path, kind, idHelp string, max int) *objectFlags {
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	return &objectFlags{fs: fs, id: fs.String("id", "", idHelp+" (required)"), db: c.addDBFlags(fs, time.Minute), kind: kind, max: max}
 }
@@ -354,6 +357,20 @@ func (c *cli) dsn(path string, d *dbFlags) (string, int) {
 		return "", c.usageError(path, "DATABASE_URL (or --database-url) is not a valid PostgreSQL connection string")
 	}
 	return dsn, ExitOK
+}
+
+// parseDSN parses fs and resolves the database URL, for the commands that open the database themselves
+// (migrate, migrate status, verify): "" means the command must return code; otherwise cctx carries the
+// command's --timeout and cancel releases it.
+func (c *cli) parseDSN(ctx context.Context, fs *flag.FlagSet, path string, args []string, d *dbFlags) (dsn string, cctx context.Context, cancel func(), code int) {
+	if done, code := c.parse(fs, path, args); done {
+		return "", nil, nil, code
+	}
+	if dsn, code = c.dsn(path, d); dsn == "" {
+		return "", nil, nil, code
+	}
+	cctx, cancel = context.WithTimeout(ctx, d.timeout)
+	return dsn, cctx, cancel, ExitOK
 }
 
 // open connects to the database named by --database-url or DATABASE_URL. The returned context carries

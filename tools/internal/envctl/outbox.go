@@ -20,7 +20,7 @@ import (
 const maxObjectID = 64
 
 func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --project P --topic X --url URL --secret-ref NAME")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("project", "", "project id (required)")
 	topic := fs.String("topic", "", fmt.Sprintf("topic the endpoint subscribes to, e.g. task.proposals; at most %d active endpoints a topic (required)", store.MaxTopicEndpoints))
@@ -80,12 +80,12 @@ func runEndpointDisable(ctx context.Context, c *cli, path string, args []string)
 const disabledByOperator = "operator"
 
 // endpointFlags are --tenant T --id E of the endpoint commands.
-func endpointFlags(c *cli, path, synopsis string) *objectFlags {
-	return c.objectFlags(path, synopsis, "an endpoint id", "endpoint id, as printed by endpoint add", maxObjectID)
+func endpointFlags(c *cli, path string) *objectFlags {
+	return c.objectFlags(path, "an endpoint id", "endpoint id, as printed by endpoint add", maxObjectID)
 }
 
 func endpointTransition(ctx context.Context, c *cli, path string, args []string, state store.EndpointState) int {
-	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+	return endpointFlags(c, path).run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
 		reason := ""
 		if state == store.EndpointDisabled {
 			reason = disabledByOperator
@@ -129,7 +129,7 @@ type endpointLine struct {
 }
 
 func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
-	return endpointFlags(c, path, "--tenant T --id E").run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
+	return endpointFlags(c, path).run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
 		e, err := s.GetEndpoint(ctx, tenant, id)
 		if err != nil {
 			return 0, err
@@ -164,7 +164,7 @@ func formatTimePtr(t *time.Time) *string {
 }
 
 func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --project P [--limit N] [--after CURSOR]")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("project", "", "project id (required)")
 	limit := fs.Int("limit", store.MaxDeadLetterPage, fmt.Sprintf("at most this many dead letters, oldest death first (1-%d)", store.MaxDeadLetterPage))
@@ -242,8 +242,7 @@ type dlqReplayFlags struct {
 }
 
 func runDLQReplay(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--tenant T --id M [--account A]\n"+
-		"       "+path+" --tenant T --project P [--endpoint E] [--code C] [--since TIME] [--limit N] [--pace D] --dry-run|--yes [--account A]")
+	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	var f dlqReplayFlags
 	fs.StringVar(&f.id, "id", "", "message id of one dead letter, as dlq list prints it")
@@ -458,7 +457,7 @@ walk:
 
 // messageFlags are --tenant T --id M of the outbox commands.
 func messageFlags(c *cli, path string) *objectFlags {
-	return c.objectFlags(path, "--tenant T --id M", "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
+	return c.objectFlags(path, "a message id", "message id, as POST /v1/outbox answered it or dlq list prints it", maxObjectID)
 }
 
 func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
@@ -505,7 +504,7 @@ func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) 
 // column. Batches are single short transactions, so it runs while
 // deliveries continue and can be stopped and run again at any time.
 func runOutboxBackfillBodies(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--batch N] [--pause D] [--retention D]")
+	fs := c.flagSet(path)
 	batch := fs.Int("batch", store.MaxBackfillBatch, fmt.Sprintf("envelopes per transaction, 1-%d", store.MaxBackfillBatch))
 	pause := fs.Duration("pause", 0, "wait between transactions (pacing on a busy database)")
 	retention := fs.Duration("retention", store.DefaultOutboxPayloadRetention,

@@ -21,7 +21,7 @@ import (
 const maxDraftFile = 1 << 20
 
 func runSend(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "--url URL (--token-file F | --token T) --seed-file F --file DRAFT.json [--batch] [--state-file F]")
+	fs := c.flagSet(path)
 	base := fs.String("url", "http://127.0.0.1:8080", "ingest-api base URL; plain http only to loopback hosts")
 	tokenFile := fs.String("token-file", "", "file holding the bearer token (preferred: a --token shows in the process list)")
 	token := fs.String("token", "", "the bearer token itself")
@@ -174,7 +174,7 @@ func signBatch(drafts []envelope.Draft, priv ed25519.PrivateKey) ([]byte, error)
 }
 
 func runKeygen(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--seed-file F]")
+	fs := c.flagSet(path)
 	seedFile := fs.String("seed-file", "", "write the seed to this new file (mode 0600, never overwritten) and print only the public key")
 	if done, code := c.parse(fs, path, args); done {
 		return code

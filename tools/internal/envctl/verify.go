@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
@@ -23,24 +24,32 @@ type invariant struct {
 	args  []any
 }
 
+// orphans is the query of the commonest invariant: it counts the rows of table (c) that have no row in
+// parent (p) with the same values in every column of on (comma-separated) and, unless also is empty,
+// meeting also as well.
+func orphans(table, parent, on, also string) string {
+	var match []string
+	for _, col := range strings.Split(on, ", ") {
+		match = append(match, fmt.Sprintf("p.%s = c.%s", col, col))
+	}
+	if also != "" {
+		match = append(match, also)
+	}
+	return fmt.Sprintf("SELECT count(*) FROM %s c WHERE NOT EXISTS (SELECT FROM %s p WHERE %s)", table, parent, strings.Join(match, " AND "))
+}
+
 // invariants is the list `envctl verify` checks, in its output order. Every query returns one bigint.
 func invariants() []invariant {
 	return []invariant{
 		{
-			name: "payload_without_identity",
-			why:  "a stored payload whose permanent identity is missing: the event could be accepted again as new",
-			query: `
-SELECT count(*) FROM inbound_payloads p
-WHERE NOT EXISTS (SELECT FROM event_identities i
-                  WHERE i.tenant_id = p.tenant_id AND i.event_identity = p.event_identity)`,
+			name:  "payload_without_identity",
+			why:   "a stored payload whose permanent identity is missing: the event could be accepted again as new",
+			query: orphans("inbound_payloads", "event_identities", "tenant_id, event_identity", ""),
 		},
 		{
-			name: "identity_without_stream",
-			why:  "a retained event whose stream row (cursor, replay floor) is missing",
-			query: `
-SELECT count(*) FROM event_identities i
-WHERE NOT EXISTS (SELECT FROM streams s
-                  WHERE s.tenant_id = i.tenant_id AND s.project_id = i.project_id AND s.producer_id = i.producer_id)`,
+			name:  "identity_without_stream",
+			why:   "a retained event whose stream row (cursor, replay floor) is missing",
+			query: orphans("event_identities", "streams", "tenant_id, project_id, producer_id", ""),
 		},
 		{
 			// The cursor is the floor plus the run of retained sequences floor+1, floor+2, ... without a
@@ -66,29 +75,19 @@ LEFT JOIN runs r ON r.tenant_id = s.tenant_id AND r.project_id = s.project_id AN
 WHERE s.cursor <> s.replay_floor + coalesce(r.run, 0)`,
 		},
 		{
-			name: "outbound_stream_behind",
-			why:  "an outbound envelope whose stream is missing or behind its sequence: the sequence would be issued again",
-			query: `
-SELECT count(*) FROM outbound_envelopes o
-WHERE NOT EXISTS (SELECT FROM outbound_streams s
-                  WHERE s.tenant_id = o.tenant_id AND s.project_id = o.project_id AND s.producer_id = o.producer_id
-                    AND s.last_sequence >= o.sequence)`,
+			name:  "outbound_stream_behind",
+			why:   "an outbound envelope whose stream is missing or behind its sequence: the sequence would be issued again",
+			query: orphans("outbound_envelopes", "outbound_streams", "tenant_id, project_id, producer_id", "p.last_sequence >= c.sequence"),
 		},
 		{
-			name: "envelope_without_messages",
-			why:  "an outbound envelope with no outbox message: every enqueue stores at least one, so deliveries were lost",
-			query: `
-SELECT count(*) FROM outbound_envelopes o
-WHERE NOT EXISTS (SELECT FROM outbox_messages m
-                  WHERE m.tenant_id = o.tenant_id AND m.event_identity = o.event_identity)`,
+			name:  "envelope_without_messages",
+			why:   "an outbound envelope with no outbox message: every enqueue stores at least one, so deliveries were lost",
+			query: orphans("outbound_envelopes", "outbox_messages", "tenant_id, event_identity", ""),
 		},
 		{
-			name: "message_without_envelope",
-			why:  "an outbox message whose signed envelope is missing: it can never be sent",
-			query: `
-SELECT count(*) FROM outbox_messages m
-WHERE NOT EXISTS (SELECT FROM outbound_envelopes o
-                  WHERE o.tenant_id = m.tenant_id AND o.event_identity = m.event_identity)`,
+			name:  "message_without_envelope",
+			why:   "an outbox message whose signed envelope is missing: it can never be sent",
+			query: orphans("outbox_messages", "outbound_envelopes", "tenant_id, event_identity", ""),
 		},
 		{
 			name: "message_in_flight_without_body",
@@ -101,12 +100,9 @@ WHERE m.status IN ('pending', 'delivering')
                   WHERE o.tenant_id = m.tenant_id AND o.event_identity = m.event_identity AND o.envelope IS NOT NULL)`,
 		},
 		{
-			name: "message_without_endpoint",
-			why:  "an outbox message whose endpoint is missing: it can never be claimed",
-			query: `
-SELECT count(*) FROM outbox_messages m
-WHERE NOT EXISTS (SELECT FROM endpoints e
-                  WHERE e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id)`,
+			name:  "message_without_endpoint",
+			why:   "an outbox message whose endpoint is missing: it can never be claimed",
+			query: orphans("outbox_messages", "endpoints", "tenant_id, endpoint_id", ""),
 		},
 		{
 			// attempts only grows: each claim adds one, a settle keeps it, a replay raises max_attempts
@@ -142,23 +138,17 @@ WHERE (status = 'delivered' AND last_error_code <> '')
 			// Each attempt row is written by the settle or claim that ends that attempt, so its number
 			// is one the message's counter has reached (contract §8.8). A restore of the history from
 			// another backup than the messages, or a counter reset by hand, shows here.
-			name: "attempt_without_message",
-			why:  "an attempt history row whose message is missing or whose attempt counter never reached it",
-			query: `
-SELECT count(*) FROM outbox_attempts a
-WHERE NOT EXISTS (SELECT FROM outbox_messages m
-                  WHERE m.tenant_id = a.tenant_id AND m.message_id = a.message_id AND m.attempts >= a.attempt)`,
+			name:  "attempt_without_message",
+			why:   "an attempt history row whose message is missing or whose attempt counter never reached it",
+			query: orphans("outbox_attempts", "outbox_messages", "tenant_id, message_id", "p.attempts >= c.attempt"),
 		},
 		{
 			// Migration 0005's trigger gives each ref to one tenant as endpoints are written; a restore
 			// without triggers or a hand edit skips it, and a ref several tenants shared before 0005 has
 			// no owner at all.
-			name: "secret_ref_not_owned",
-			why:  "an endpoint naming a secret ref its tenant does not own: the delivery-worker refuses its messages (secret_ref_foreign)",
-			query: `
-SELECT count(*) FROM endpoints e
-WHERE NOT EXISTS (SELECT FROM secret_ref_owners o
-                  WHERE o.secret_ref = e.secret_ref AND o.tenant_id = e.tenant_id)`,
+			name:  "secret_ref_not_owned",
+			why:   "an endpoint naming a secret ref its tenant does not own: the delivery-worker refuses its messages (secret_ref_foreign)",
+			query: orphans("endpoints", "secret_ref_owners", "secret_ref, tenant_id", ""),
 		},
 		{
 			// endpoint add and enable keep a topic within the fan-out bound; a restore, a hand edit or an
@@ -201,13 +191,13 @@ func checkInvariants(ctx context.Context, db *sql.DB) ([]verifyResult, error) {
 }
 
 func runVerify(ctx context.Context, c *cli, path string, args []string) int {
-	fs := c.flagSet(path, "[--database-url URL]")
+	fs := c.flagSet(path)
 	d := c.addDBFlags(fs, 30*time.Minute)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s [--database-url URL] [--timeout D]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\n"+
 			"Checks the invariants a backup restore must keep and prints one line per invariant,\n"+
 			"\"<name> <violating rows>\"; exit 1 when any count is not 0. Run it as the database owner\n"+
-			"(it reads every envelope table). Invariants:\n\n", path)
+			"(it reads every envelope table). Invariants:\n\n", path, c.usage)
 		for _, inv := range invariants() {
 			fmt.Fprintf(fs.Output(), "  %-26s %s\n", inv.name, inv.why)
 		}
@@ -215,14 +205,10 @@ func runVerify(ctx context.Context, c *cli, path string, args []string) int {
 		fs.PrintDefaults()
 		c.printExample(fs.Output())
 	}
-	if done, code := c.parse(fs, path, args); done {
-		return code
-	}
-	dsn, code := c.dsn(path, d)
+	dsn, cctx, cancel, code := c.parseDSN(ctx, fs, path, args, d)
 	if dsn == "" {
 		return code
 	}
-	cctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	// verify opens the database directly, like migrate: it checks a restored database before any
 	// service (or store.Open) trusts it.

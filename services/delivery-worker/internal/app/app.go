@@ -47,11 +47,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
-	if err != nil {
-		return err
-	}
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+	log := envflag.Logger(stdout, cfg.LogLevel) // LOG_LEVEL checked by config.Load
 
 	set, err := secrets.Load(cfg.WebhookSecretsFile)
 	if err != nil {
@@ -89,11 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Deferred first, so it runs last: after the worker's in-flight attempts
 	// ended their spans.
-	defer func() {
-		if err := tracing.Shutdown(ctx); err != nil {
-			log.Warn("spans not flushed", slog.String("error", err.Error()))
-		}
-	}()
+	defer tracing.ShutdownLogged(ctx, log)
 
 	reg := worker.NewRegistry()
 	m := worker.NewMetrics(reg)

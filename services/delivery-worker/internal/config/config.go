@@ -130,11 +130,12 @@ func (c Config) Validate() error {
 	if err := (limiter.Policy{Tokens: c.LimitTokens, Interval: c.LimitInterval}).Validate(); err != nil {
 		return fmt.Errorf("%w: DELIVERY_LIMIT_TOKENS/DELIVERY_LIMIT_INTERVAL: %w", ErrInvalid, err)
 	}
+	common := envflag.Service{DatabaseURL: c.DatabaseURL, MetricsAddr: c.MetricsAddr, ShutdownGrace: c.ShutdownGrace,
+		StoreTimeout: c.StoreTimeout, DBMaxOpenConns: c.DBMaxOpenConns, LogLevel: c.LogLevel}
+	if err := common.Validate(); err != nil {
+		return err
+	}
 	switch {
-	case c.DatabaseURL == "":
-		return bad("DATABASE_URL", "is required")
-	case c.MetricsAddr == "":
-		return bad("METRICS_ADDR", "is empty")
 	case c.WebhookSecretsFile == "":
 		return bad("WEBHOOK_SECRETS_FILE", "is required")
 	case c.SecretsReloadInterval <= 0:
@@ -158,17 +159,8 @@ func (c Config) Validate() error {
 		return bad("DELIVERY_CLAIM_SIZE", "must be between 1 and 100")
 	case c.PollInterval <= 0:
 		return bad("DELIVERY_POLL_INTERVAL", "must be positive")
-	case c.ShutdownGrace <= 0:
-		return bad("SHUTDOWN_GRACE", "must be positive")
-	case c.StoreTimeout <= 0:
-		return bad("STORE_TIMEOUT", "must be positive")
-	case c.DBMaxOpenConns < 1:
-		return bad("DB_MAX_OPEN_CONNS", "must be at least 1")
 	case c.OutboxPayloadRetention < minOutboxPayloadRetention || c.OutboxPayloadRetention > maxOutboxPayloadRetention:
 		return bad("OUTBOX_PAYLOAD_RETENTION", "must be between 1s and 87600h (10 years)")
-	}
-	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
-		return err
 	}
 	if _, err := secrets.Load(c.WebhookSecretsFile); err != nil {
 		return fmt.Errorf("%w: WEBHOOK_SECRETS_FILE: %w", ErrInvalid, err)

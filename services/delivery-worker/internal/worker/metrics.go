@@ -27,69 +27,54 @@ type Metrics struct {
 	secretReloads  *prometheus.CounterVec
 }
 
+// The worker's metrics are envelopeworker_delivery_*.
+const namespace, subsystem = "envelopeworker", "delivery"
+
+// metricOpts names one of the worker's counters or gauges.
+func metricOpts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
+}
+
 // NewMetrics registers the worker's metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	const ns, sub = "envelopeworker", "delivery"
 	m := &Metrics{
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "attempts_total",
-			Help: "Delivery attempts by result (delivered, retry, dead, aborted, lease_lost) and stable error code.",
-		}, []string{"result", "code"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("attempts_total",
+			"Delivery attempts by result (delivered, retry, dead, aborted, lease_lost) and stable error code.")), []string{"result", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "attempt_duration_seconds",
+			Namespace: namespace, Subsystem: subsystem, Name: "attempt_duration_seconds",
 			Help:    "Duration of one delivery attempt (signing and the HTTP request), by result.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"result"}),
-		due: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "due_messages",
-			Help: "Claimable outbox messages across all tenants (sampled).",
-		}),
-		oldestDueAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "oldest_due_age_seconds",
-			Help: "How long the longest-waiting claimable message has been due (sampled).",
-		}),
-		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_expiries_total",
-			Help: "Claimed attempts this worker did not settle because their lease deadline passed (or shutdown cut them off); the message becomes claimable again when the lease expires.",
-		}),
-		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "fenced_settles_total",
-			Help: "Settles the store refused because the attempt no longer owned the message.",
-		}),
-		claims: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "claims_total",
-			Help: "Claim statements run.",
-		}),
+		due: prometheus.NewGauge(prometheus.GaugeOpts(metricOpts("due_messages",
+			"Claimable outbox messages across all tenants (sampled)."))),
+		oldestDueAge: prometheus.NewGauge(prometheus.GaugeOpts(metricOpts("oldest_due_age_seconds",
+			"How long the longest-waiting claimable message has been due (sampled)."))),
+		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("lease_expiries_total",
+			"Claimed attempts this worker did not settle because their lease deadline passed (or shutdown cut them off); the message becomes claimable again when the lease expires."))),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("fenced_settles_total",
+			"Settles the store refused because the attempt no longer owned the message."))),
+		claims: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("claims_total",
+			"Claim statements run."))),
 		settleBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "settle_batch_size",
+			Namespace: namespace, Subsystem: subsystem, Name: "settle_batch_size",
 			Help:    "Settlements per database commit (settles are group-committed).",
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
 		}),
 		claimed: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "claimed_messages",
+			Namespace: namespace, Subsystem: subsystem, Name: "claimed_messages",
 			Help:    "Messages returned per claim.",
 			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100},
 		}),
-		limiterRefused: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "limiter_refusals_total",
-			Help: "Claims skipped because the tenant's delivery limiter had no token.",
-		}),
-		tenantCapped: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "tenant_share_skips_total",
-			Help: "Claims skipped because the tenant already held DELIVERY_TENANT_MAX_INFLIGHT attempts of this worker.",
-		}),
-		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-			Help: "Failed database operations by operation.",
-		}, []string{"operation"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "in_flight_attempts",
-			Help: "Attempts running now.",
-		}),
-		secretReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "secret_reloads_total",
-			Help: "Reloads of a changed secrets file by result (ok, refused).",
-		}, []string{"result"}),
+		limiterRefused: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("limiter_refusals_total",
+			"Claims skipped because the tenant's delivery limiter had no token."))),
+		tenantCapped: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("tenant_share_skips_total",
+			"Claims skipped because the tenant already held DELIVERY_TENANT_MAX_INFLIGHT attempts of this worker."))),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("store_errors_total",
+			"Failed database operations by operation.")), []string{"operation"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts(metricOpts("in_flight_attempts",
+			"Attempts running now."))),
+		secretReloads: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("secret_reloads_total",
+			"Reloads of a changed secrets file by result (ok, refused).")), []string{"result"}),
 	}
 	reg.MustRegister(m.attempts, m.latency, m.due, m.oldestDueAge, m.leaseExpiries, m.fenced, m.claims,
 		m.claimed, m.settleBatch, m.limiterRefused, m.tenantCapped, m.storeErrors, m.inFlight, m.secretReloads)

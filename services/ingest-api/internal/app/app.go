@@ -40,11 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
-	if err != nil {
-		return err
-	}
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+	log := envflag.Logger(stdout, cfg.LogLevel) // LOG_LEVEL checked by config.Load
 
 	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{MaxOpenConns: cfg.DBMaxOpenConns})
 	if err != nil {
@@ -71,11 +67,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Deferred before the server exists, so it runs after srv.Close: every
 	// request has ended its spans by then.
-	defer func() {
-		if err := tracing.Shutdown(ctx); err != nil {
-			log.Warn("spans not flushed", slog.String("error", err.Error()))
-		}
-	}()
+	defer tracing.ShutdownLogged(ctx, log)
 
 	reg := server.NewRegistry()
 	srv, err := server.New(server.Config{

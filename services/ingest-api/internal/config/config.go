@@ -124,14 +124,10 @@ func Load(args []string, getenv func(string) string, out io.Writer) (Config, err
 func (c Config) Validate() error {
 	bad := func(name, why string) error { return fmt.Errorf("%w: %s %s", ErrInvalid, name, why) }
 	switch {
-	case c.DatabaseURL == "":
-		return bad("DATABASE_URL", "is required")
 	case c.IngestAddr == "":
 		return bad("INGEST_ADDR", "is empty")
 	case c.MaxInflightBodyBytes <= envelope.MaxDocumentBytes:
 		return bad("INGEST_MAX_INFLIGHT_BODY_BYTES", "must be more than the 1 MiB body limit")
-	case c.MetricsAddr == "":
-		return bad("METRICS_ADDR", "is empty")
 	case c.PayloadRetention <= 0:
 		return bad("PAYLOAD_RETENTION", "must be positive")
 	case c.ReplayWindow <= 0:
@@ -140,12 +136,6 @@ func (c Config) Validate() error {
 		return bad("MAX_SEQUENCE_AHEAD", "must be at least 1")
 	case c.OutboundKeysReload <= 0:
 		return bad("OUTBOUND_SIGNING_KEYS_RELOAD_INTERVAL", "must be positive")
-	case c.ShutdownGrace <= 0:
-		return bad("SHUTDOWN_GRACE", "must be positive")
-	case c.StoreTimeout <= 0:
-		return bad("STORE_TIMEOUT", "must be positive")
-	case c.DBMaxOpenConns < 1:
-		return bad("DB_MAX_OPEN_CONNS", "must be at least 1")
 	case c.CredentialCacheTTL < 0 || c.CredentialCacheTTL > MaxCredentialCacheTTL:
 		return bad("CREDENTIAL_CACHE_TTL", "must be between 0 and 2s")
 	case c.GroupCommitWindow < 0 || c.GroupCommitWindow > 50*time.Millisecond:
@@ -154,6 +144,11 @@ func (c Config) Validate() error {
 		return bad("GROUP_COMMIT_MAX_ITEMS", "must be between 1 and 1000")
 	case c.GroupCommitConcurrency < 1 || c.GroupCommitConcurrency > 64:
 		return bad("GROUP_COMMIT_CONCURRENCY", "must be between 1 and 64")
+	}
+	common := envflag.Service{DatabaseURL: c.DatabaseURL, MetricsAddr: c.MetricsAddr, ShutdownGrace: c.ShutdownGrace,
+		StoreTimeout: c.StoreTimeout, DBMaxOpenConns: c.DBMaxOpenConns, LogLevel: c.LogLevel}
+	if err := common.Validate(); err != nil {
+		return err
 	}
 	for _, p := range []struct {
 		names  string
@@ -166,9 +161,6 @@ func (c Config) Validate() error {
 		if err := p.policy.Validate(); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrInvalid, p.names, err)
 		}
-	}
-	if _, err := envflag.ParseLogLevel(c.LogLevel); err != nil {
-		return err
 	}
 	if c.OutboundSigningKeysFile != "" {
 		if err := checkSigningKeysFile(c.OutboundSigningKeysFile); err != nil {

@@ -35,62 +35,56 @@ type metrics struct {
 	bodyBudgetRefusals prometheus.Counter
 }
 
+// ingest-api's metrics are envelopeworker_ingest_*.
+const namespace, subsystem = "envelopeworker", "ingest"
+
+// metricOpts names one of ingest-api's counters or gauges.
+func metricOpts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
+}
+
 func newMetrics(reg prometheus.Registerer, bodies *bodyBudget) *metrics {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "requests_total",
-			Help: "HTTP answers by route template, outcome and reason.",
-		}, []string{"route", "outcome", "reason"}),
-		envelopes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "envelopes_total",
-			Help: "Envelope answers (single and batch items) by outcome and reason.",
-		}, []string{"outcome", "reason"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("requests_total",
+			"HTTP answers by route template, outcome and reason.")), []string{"route", "outcome", "reason"}),
+		envelopes: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("envelopes_total",
+			"Envelope answers (single and batch items) by outcome and reason.")), []string{"outcome", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "request_duration_seconds",
+			Namespace: namespace, Subsystem: subsystem, Name: "request_duration_seconds",
 			Help:    "HTTP request latency by route template.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"route"}),
-		limiterRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "limiter_refusals_total",
-			Help: "Requests or batch items refused by a rate limiter, by policy (peer, sync, outbox).",
-		}, []string{"policy"}),
-		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "store_errors_total",
-			Help: "Database operations that failed (answered 503), by operation.",
-		}, []string{"operation"}),
-		outbox: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "outbox_enqueues_total",
-			Help: "POST /v1/outbox answers that stored or repeated an envelope, by result (created, repeated).",
-		}, []string{"result"}),
+		limiterRefused: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("limiter_refusals_total",
+			"Requests or batch items refused by a rate limiter, by policy (peer, sync, outbox).")), []string{"policy"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("store_errors_total",
+			"Database operations that failed (answered 503), by operation.")), []string{"operation"}),
+		outbox: prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts("outbox_enqueues_total",
+			"POST /v1/outbox answers that stored or repeated an envelope, by result (created, repeated).")), []string{"result"}),
 		commitSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "group_commit_items",
+			Namespace: namespace, Subsystem: subsystem, Name: "group_commit_items",
 			Help:    "Single-envelope requests committed per group-commit transaction.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 100, 200, 500, 1000},
 		}),
 		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "group_commit_duration_seconds",
+			Namespace: namespace, Subsystem: subsystem, Name: "group_commit_duration_seconds",
 			Help:    "Duration of group-commit transactions.",
 			Buckets: prometheus.DefBuckets,
 		}),
 		outboxCommitSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "outbox_group_commit_items",
+			Namespace: namespace, Subsystem: subsystem, Name: "outbox_group_commit_items",
 			Help:    "POST /v1/outbox requests committed per group-commit transaction.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 100},
 		}),
 		outboxCommitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "outbox_group_commit_duration_seconds",
+			Namespace: namespace, Subsystem: subsystem, Name: "outbox_group_commit_duration_seconds",
 			Help:    "Duration of outbox group-commit transactions.",
 			Buckets: prometheus.DefBuckets,
 		}),
-		bodyBudgetRefusals: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "envelopeworker", Subsystem: "ingest", Name: "inflight_body_refusals_total",
-			Help: "Requests answered 503 because INGEST_MAX_INFLIGHT_BODY_BYTES of request bodies were already held.",
-		}),
+		bodyBudgetRefusals: prometheus.NewCounter(prometheus.CounterOpts(metricOpts("inflight_body_refusals_total",
+			"Requests answered 503 because INGEST_MAX_INFLIGHT_BODY_BYTES of request bodies were already held."))),
 	}
-	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "envelopeworker", Subsystem: "ingest", Name: "inflight_body_bytes",
-		Help: "Bytes of request-body buffers held at once (bounded by INGEST_MAX_INFLIGHT_BODY_BYTES).",
-	}, func() float64 { return float64(bodies.held.Load()) })
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts(metricOpts("inflight_body_bytes",
+		"Bytes of request-body buffers held at once (bounded by INGEST_MAX_INFLIGHT_BODY_BYTES).")), func() float64 { return float64(bodies.held.Load()) })
 	reg.MustRegister(m.requests, m.envelopes, m.duration, m.limiterRefused, m.storeErrors, m.outbox, m.commitSize, m.commitDuration,
 		m.outboxCommitSize, m.outboxCommitDuration, m.bodyBudgetRefusals, inflight)
 	return m

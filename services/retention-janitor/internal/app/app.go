@@ -5,7 +5,6 @@ package app
 import (
 	"context"
 	"io"
-	"log/slog"
 
 	"github.com/envelopeworker/envelopeworker/modules/envflag"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
@@ -22,9 +21,5 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	level, err := envflag.ParseLogLevel(cfg.LogLevel) // checked by config.Load
-	if err != nil {
-		return err
-	}
-	return janitor.Run(ctx, cfg, slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})))
+	return janitor.Run(ctx, cfg, envflag.Logger(stdout, cfg.LogLevel)) // LOG_LEVEL checked by config.Load
 }
