@@ -434,9 +434,5 @@ func releaseAfterError(ctx context.Context, c *pgx.Conn, err error) error {
 	return err
 }
 
-// errRolledBack: the server answered COMMIT with ROLLBACK (the transaction
-// had failed); it is never expected after every statement succeeded.
-var errRolledBack = errors.New("transaction rolled back at commit")
-
 // hexIdentity renders a stored event identity as the contract's lowercase hex.
 func hexIdentity(b []byte) string { return hex.EncodeToString(b) }

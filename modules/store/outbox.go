@@ -42,27 +42,6 @@ import (
 	"time"
 )
 
-// Outbox answers the caller acts on (errors.Is). Like ErrConflict they are
-// answers, not failures.
-var (
-	// ErrIdempotencyConflict: the idempotency key was used with other
-	// request content (HTTP 422 idempotency_conflict).
-	ErrIdempotencyConflict = errors.New("store: idempotency conflict")
-	// ErrNoEndpoint: no active endpoint subscribes to the topic (HTTP 422
-	// no_endpoint). Nothing was stored and no sequence was taken.
-	ErrNoEndpoint = errors.New("store: no active endpoint")
-	// ErrNotDead: a replay of a message that is not dead (HTTP 409 not_dead).
-	ErrNotDead = errors.New("store: message is not dead")
-	// ErrFenced: a settle for an attempt that no longer owns the message
-	// (its lease expired and it was claimed again, or it was settled already).
-	// The row is unchanged; the worker drops its result.
-	ErrFenced = errors.New("store: attempt fenced")
-	// ErrPayloadExpired: a replay of a dead letter whose envelope body the
-	// retention-janitor deleted (HTTP 409 payload_expired, §8.9). Nothing
-	// was changed.
-	ErrPayloadExpired = errors.New("store: payload expired")
-)
-
 // Outbox bounds.
 const (
 	MinMaxAttempts     = 1

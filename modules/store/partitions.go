@@ -9,7 +9,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,11 +27,6 @@ type partitionCache struct {
 	sets map[string][]partitionGroup // by the tables asked for; nil: plain
 	next uint32                      // where the next sweep starts, so no partition always goes last
 }
-
-// errLayoutUnsupported is a table that is neither one plain heap nor
-// hash-partitioned into plain heaps like its fellows: a delete by ctid
-// there could name rows nobody meant.
-var errLayoutUnsupported = errors.New("store: tables neither plain nor partitioned alike")
 
 const partitionsSQL = `
 SELECT p.relname, p.relkind::text, c.relname, c.relkind::text, coalesce(pg_get_expr(c.relpartbound, c.oid), '')
