@@ -32,6 +32,10 @@ var (
 	// endpoints already, so adding or enabling one more is refused (contract
 	// §8.12). Nothing was written.
 	ErrTopicFull = errors.New("store: topic has the most active endpoints allowed")
+	// ErrNotPermitted: the database role may not do this (insufficient
+	// privilege), where the caller can go on without it, as with
+	// SessionLock.TryWALCompression.
+	ErrNotPermitted = errors.New("store: not permitted for this role")
 )
 
 // Outbox answers the caller acts on (errors.Is). Like ErrConflict they are
