@@ -34,8 +34,9 @@ func BenchmarkClaimAtScale(b *testing.B) {
 	const tenants = 10_000
 	for _, idle := range []int{0, 9_000} {
 		// Seeded outside b.Run, which runs its function more than once.
-		s := storetest.Open(b, storetest.NewDatabase(b))
-		db := s.DB().DB
+		dsn := storetest.NewDatabase(b)
+		s := storetest.Open(b, dsn)
+		db := storetest.AdminDB(b, dsn)
 		start := time.Now()
 		for _, q := range []string{
 			`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)

@@ -227,8 +227,7 @@ func TestStatementTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var setting string
-	if err := s.DB().QueryRow(`SHOW statement_timeout`).Scan(&setting); err != nil || setting != "1500ms" {
+	if setting, err := store.SessionSetting(context.Background(), s, "statement_timeout"); err != nil || setting != "1500ms" {
 		t.Fatalf("statement_timeout = %q, %v", setting, err)
 	}
 	// A statement stuck behind the stream lock is cut off by the server and

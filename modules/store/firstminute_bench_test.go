@@ -61,7 +61,7 @@ func BenchmarkFirstMinute(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				db := s.DB().DB
+				db := storetest.AdminDB(b, dsn)
 				for _, tbl := range planTables {
 					if _, err := db.Exec(`ALTER TABLE ` + tbl + ` SET (autovacuum_enabled = off)`); err != nil {
 						b.Fatal(err)

@@ -27,7 +27,7 @@ func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
 	s := storetest.Open(t, dsn)
-	return &fixture{t: t, dsn: dsn, s: s, admin: s.DB().DB}
+	return &fixture{t: t, dsn: dsn, s: s, admin: storetest.AdminDB(t, dsn)}
 }
 
 func (f *fixture) count(query string, args ...any) int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,7 +25,7 @@ const benchOutboxMessages = 10_000
 // one SettleBatch per claim. It is the raw-SQL baseline for the worker's
 // throughput; rows/s counts settled messages.
 func BenchmarkOutboxClaimSettle(b *testing.B) {
-	s := benchStore(b)
+	s, admin := benchStore(b)
 	ctx := context.Background()
 	tenant := fmt.Sprintf("bench-outbox-%d", time.Now().UnixNano()%1e9)
 	seedOutbox(b, s, tenant)
@@ -38,7 +39,7 @@ func BenchmarkOutboxClaimSettle(b *testing.B) {
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				resetOutbox(b, s, tenant)
+				resetOutbox(b, admin, tenant)
 				b.StartTimer()
 				start := time.Now()
 				rows += drainOutbox(ctx, b, s, tenant, c.claimers, c.batch)
@@ -87,9 +88,8 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 // history (attempts count from 1 again, and each settle must write its row
 // as on a first delivery) and vacuums, so each iteration starts from the
 // same table shape.
-func resetOutbox(b *testing.B, s *store.Store, tenant string) {
+func resetOutbox(b *testing.B, db *sql.DB, tenant string) {
 	b.Helper()
-	db := s.DB().DB
 	if _, err := db.Exec(`UPDATE outbox_messages SET status = 'pending', attempts = 0, next_attempt_at = now(),
 		lease_expires_at = NULL, delivered_at = NULL, updated_at = now() WHERE tenant_id = $1`, tenant); err != nil {
 		b.Fatal(err)

@@ -209,8 +209,8 @@ func TestWALCompressionOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		err = s.DB().QueryRowContext(ctx, `SHOW wal_compression`).Scan(&got)
+		session, err := s.SessionSettings(ctx)
+		got := session.WALCompression
 		_ = s.Close()
 		var pg *pgconn.PgError
 		switch {
@@ -234,8 +234,8 @@ func TestAsyncCommitOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		err = s.DB().QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&got)
+		session, err := s.SessionSettings(ctx)
+		got := session.SynchronousCommit
 		_ = s.Close()
 		if want := map[bool]string{false: "on", true: "off"}[async]; err != nil || got != want {
 			t.Errorf("AsyncCommit %v: synchronous_commit %q, %v; want %q", async, got, err, want)

@@ -18,19 +18,19 @@ import (
 // fewer than n are left, are not. ns/msg is the figure to compare across
 // sizes.
 func BenchmarkSettleBatchSize(b *testing.B) {
-	s := benchStore(b)
+	s, admin := benchStore(b)
 	ctx := context.Background()
 	tenant := fmt.Sprintf("bench-settle-%d", time.Now().UnixNano()%1e9)
 	seedOutbox(b, s, tenant)
 	for _, n := range []int{1, 10, 100, 500, store.MaxSettleBatch} {
 		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
 			b.StopTimer()
-			resetOutbox(b, s, tenant)
+			resetOutbox(b, admin, tenant)
 			left := benchOutboxMessages
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
 				if left < n {
-					resetOutbox(b, s, tenant)
+					resetOutbox(b, admin, tenant)
 					left = benchOutboxMessages
 				}
 				ss := claimForSettle(ctx, b, s, tenant, n)

@@ -133,10 +133,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	return classify(ctx, "ping", s.db.PingContext(ctx))
 }
 
-// DB exposes the pool for tests and tools only; services go through the
-// methods, which own the SQL.
-func (s *Store) DB() *bun.DB { return s.db }
-
 // sqlDB is the database/sql pool under bun; queries use real bind parameters
 // ($n, extended protocol) rather than bun's client-side formatting.
 func (s *Store) sqlDB() *sql.DB { return s.db.DB }

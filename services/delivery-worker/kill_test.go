@@ -186,7 +186,7 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 		t.Fatalf("first worker ended with %v; want killed by SIGKILL", first.err)
 	}
 
-	admin := st.DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	var status string
 	var attempts int
 	var leaseEnd time.Time

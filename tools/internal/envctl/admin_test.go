@@ -257,7 +257,7 @@ func TestMigrateStatusAndDryRun(t *testing.T) {
 	}
 
 	// A later release's row is "newer"; an edited file is "modified" and fails status and dry-run.
-	db := s.DB().DB
+	db := storetest.AdminDB(t, dsn)
 	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'later.sql', 'theirs')`, migrations.Latest()+1); err != nil {
 		t.Fatal(err)
 	}
@@ -278,8 +278,8 @@ func TestMigrateStatusAndDryRun(t *testing.T) {
 }
 
 func TestAuditListFilters(t *testing.T) {
-	admin, _, ops := operatorDSN(t)
-	db := admin.DB().DB
+	_, dsn, ops := operatorDSN(t)
+	db := storetest.AdminDB(t, dsn)
 	base := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
 	// Five rows an hour apart: accepted, refused, accepted, replayed, accepted; one of another tenant.
 	for i, o := range []string{"accepted", "refused", "accepted", "replayed", "accepted"} {
@@ -348,7 +348,7 @@ func deadLetters(t *testing.T, s *store.Store, topic, code string, n int) []stri
 }
 
 func TestDLQBulkReplay(t *testing.T) {
-	admin, _, ops := operatorDSN(t)
+	admin, dsn, ops := operatorDSN(t)
 	ctx := context.Background()
 	epX := addEndpointCLI(t, ops, "t1", "p1", "x", "https://hooks.example.test/x")
 	addEndpointCLI(t, ops, "t1", "p1", "y", "https://hooks.example.test/y")
@@ -371,7 +371,7 @@ func TestDLQBulkReplay(t *testing.T) {
 	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), "--dry-run")
 	r.expect(t, ExitOK, "dry run: 0 dead letter(s)")
 	// --since skips what died before it: the first letter died an hour ago.
-	if _, err := admin.DB().DB.Exec(`UPDATE outbox_messages SET dead_at = now() - interval '1 hour' WHERE message_id = $1`, x5xx[0]); err != nil {
+	if _, err := storetest.AdminDB(t, dsn).Exec(`UPDATE outbox_messages SET dead_at = now() - interval '1 hour' WHERE message_id = $1`, x5xx[0]); err != nil {
 		t.Fatal(err)
 	}
 	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(-30*time.Minute).Format(time.RFC3339), "--dry-run")

@@ -45,7 +45,7 @@ func TestMigrate(t *testing.T) {
 // row and the tables stay as they were.
 func TestMigrateOnNewerSchema(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	admin := storetest.Open(t, dsn).DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	later := migrations.Latest() + 1
 	if _, err := admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`, later); err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestMigrateOnNewerSchema(t *testing.T) {
 // grants it only where the migrator is a superuser, and its notice never reaches the terminal).
 func TestWALCompressionGrantNote(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	db := storetest.Open(t, dsn).DB().DB
+	db := storetest.AdminDB(t, dsn)
 	ctx := context.Background()
 	var v15 bool
 	if err := db.QueryRow(`SELECT current_setting('server_version_num')::int >= 150000`).Scan(&v15); err != nil {
@@ -107,7 +107,7 @@ func TestWALCompressionGrantNote(t *testing.T) {
 // migration 0005, whose notice never reaches the terminal), never the tenants.
 func TestMigrateNotesSharedSecretRefs(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	db := storetest.Open(t, dsn).DB().DB
+	db := storetest.AdminDB(t, dsn)
 	r := run(t, dsn, "migrate")
 	r.expect(t, ExitOK, "")
 	if strings.Contains(r.stderr, "secret ref") {
@@ -529,7 +529,7 @@ func TestMigrateLayout(t *testing.T) {
 	run(t, plain, "migrate").expect(t, ExitOK, "layout: plain")
 	run(t, plain, "migrate", "--layout", "partitioned").expect(t, ExitFailure, "it is plain, partitioned was asked for")
 	run(t, plain, "migrate", "status").expect(t, ExitOK, "layout: plain")
-	db := storetest.Open(t, plain).DB().DB
+	db := storetest.AdminDB(t, plain)
 	var kind string
 	if err := db.QueryRow(`SELECT relkind::text FROM pg_class WHERE relname = 'event_identities'`).Scan(&kind); err != nil || kind != "r" {
 		t.Fatalf("event_identities after a refused change: relkind %q, %v; want r", kind, err)

@@ -169,7 +169,7 @@ func TestEndpointAddEnableDisable(t *testing.T) {
 // which may carry a password.
 func TestEndpointAddRefusals(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	admin := storetest.AdminDB(t, dsn)
 	base := []string{"endpoint", "add", "--tenant", "t1", "--project", "p1", "--topic", "x", "--secret-ref", "ref"}
 	cases := []struct {
 		url, secretRef, topic, msg string
@@ -205,7 +205,7 @@ func TestEndpointAddRefusals(t *testing.T) {
 		}
 	}
 	var n int
-	if err := s.DB().QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints`).Scan(&n); err != nil || n != 0 {
+	if err := admin.QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("refused endpoints stored: %d, %v", n, err)
 	}
 }
@@ -214,7 +214,7 @@ func TestEndpointAddRefusals(t *testing.T) {
 // refused (exit 1) with a message that does not name the owner, and stores nothing.
 func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	admin := storetest.AdminDB(t, dsn)
 	add := func(tenant, topic string) result {
 		return run(t, dsn, "endpoint", "add", "--tenant", tenant, "--project", "p1", "--topic", topic,
 			"--url", "https://hooks.example.test/"+topic, "--secret-ref", "prod/hooks")
@@ -227,7 +227,7 @@ func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 		t.Fatalf("refusal: stdout %q stderr %q; want no id and no owner", r.stdout, r.stderr)
 	}
 	var n int
-	if err := s.DB().QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints WHERE tenant_id = 'tenant-other'`).Scan(&n); err != nil || n != 0 {
+	if err := admin.QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints WHERE tenant_id = 'tenant-other'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("refused endpoint stored: %d, %v", n, err)
 	}
 	add("tenant-other", "z").expect(t, ExitFailure, "is not tenant tenant-other's")
@@ -237,7 +237,7 @@ func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 // with a message that names the topic and the bound, exit 1, and print no id.
 func TestEndpointAddAndEnableRefuseA65thActive(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	s, admin := storetest.Open(t, dsn), storetest.AdminDB(t, dsn)
 	ctx := context.Background()
 	parked := addEndpointCLI(t, dsn, "t1", "p1", "wide", "https://hooks.example.test/parked")
 	run(t, dsn, "endpoint", "disable", "--tenant", "t1", "--id", parked).expect(t, ExitOK, "")
@@ -268,7 +268,7 @@ func TestEndpointAddAndEnableRefuseA65thActive(t *testing.T) {
 		t.Fatalf("refused enable changed the endpoint: %+v, %v", e, err)
 	}
 	var n int
-	must(t, s.DB().QueryRowContext(ctx, `SELECT count(*) FROM endpoints WHERE tenant_id = 't1' AND topic = 'wide' AND state = 'active'`).Scan(&n))
+	must(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM endpoints WHERE tenant_id = 't1' AND topic = 'wide' AND state = 'active'`).Scan(&n))
 	if n != store.MaxTopicEndpoints {
 		t.Fatalf("%d active endpoints after the refusals, want %d", n, store.MaxTopicEndpoints)
 	}

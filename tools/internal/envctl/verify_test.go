@@ -153,7 +153,7 @@ func TestVerifyClean(t *testing.T) {
 	}
 	// The population really has the states it claims, so a clean answer means something.
 	var states string
-	if err := storetest.Open(t, p.dsn).DB().QueryRowContext(context.Background(),
+	if err := storetest.AdminDB(t, p.dsn).QueryRowContext(context.Background(),
 		`SELECT string_agg(status || ':' || attempts || ':' || replays, ',' ORDER BY status, attempts, replays) FROM outbox_messages`).
 		Scan(&states); err != nil {
 		t.Fatal(err)

@@ -202,9 +202,10 @@ func TestRunDeliversAndRotates(t *testing.T) {
 	// the rest of its metrics.
 	const delivered = `envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`
 	var metrics string
+	admin := storetest.AdminDB(t, dsn)
 	for deadline := time.Now().Add(wait); ; {
 		var n int
-		if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
+		if err := admin.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		_, metrics = get(t, "http://"+addr+"/metrics")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -46,17 +47,19 @@ type env struct {
 	t   testing.TB
 	dsn string
 	st  *store.Store
+	// admin is a pool of its own on the same database.
+	admin *sql.DB
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
-	return &env{t: t, dsn: dsn, st: storetest.Open(t, dsn)}
+	return &env{t: t, dsn: dsn, st: storetest.Open(t, dsn), admin: storetest.AdminDB(t, dsn)}
 }
 
 func (e *env) exec(q string, args ...any) {
 	e.t.Helper()
-	if _, err := e.st.DB().DB.Exec(q, args...); err != nil {
+	if _, err := e.admin.Exec(q, args...); err != nil {
 		e.t.Fatalf("exec %q: %v", q, err)
 	}
 }
@@ -64,7 +67,7 @@ func (e *env) exec(q string, args ...any) {
 func (e *env) count(q string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.st.DB().DB.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := e.admin.QueryRow(q, args...).Scan(&n); err != nil {
 		e.t.Fatalf("count %q: %v", q, err)
 	}
 	return n

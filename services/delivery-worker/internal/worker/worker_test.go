@@ -461,7 +461,7 @@ func TestForeignSecretRefIsNeverSent(t *testing.T) {
 	e.endpoint("t2", "shared", rc.srv.URL+"/shared", testRefs[1])
 	e.endpoint("t2", "orphan", rc.srv.URL+"/orphan", testRefs[2])
 	// As the administrator, past the trigger.
-	tx, err := e.st.DB().DB.Begin()
+	tx, err := e.admin.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +530,7 @@ func TestMessageWithoutBodyIsNeverSent(t *testing.T) {
 	rc := newReceiver(t, nil)
 	e.endpoint("t1", "orders", rc.srv.URL+"/own", testRefs[0])
 	_, ids := e.enqueue("t1", "orders", 12)
-	if _, err := e.st.DB().DB.Exec(`DELETE FROM outbound_bodies`); err != nil {
+	if _, err := e.admin.Exec(`DELETE FROM outbound_bodies`); err != nil {
 		t.Fatal(err)
 	}
 	w, _ := newWorker(t, e.dsn, opts{})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -101,13 +102,16 @@ func (b *syncBuffer) String() string {
 }
 
 type fixture struct {
-	t    testing.TB
-	dsn  string
-	st   *store.Store
-	srv  *Server
-	reg  *prometheus.Registry
-	logs *syncBuffer
-	priv ed25519.PrivateKey
+	t   testing.TB
+	dsn string
+	st  *store.Store
+	// admin is a pool of its own on the fixture's database, for setting up
+	// rows and looking behind the API.
+	admin *sql.DB
+	srv   *Server
+	reg   *prometheus.Registry
+	logs  *syncBuffer
+	priv  ed25519.PrivateKey
 
 	device, service, operator string // tokens in tenant-a
 	// bodies collects every answer body the fixture saw, for the leak scan.
@@ -135,7 +139,7 @@ func newFixture(t testing.TB, edit ...func(*Config)) *fixture {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
 	st := storetest.Open(t, dsn)
-	f := &fixture{t: t, dsn: dsn, st: st, logs: &syncBuffer{}}
+	f := &fixture{t: t, dsn: dsn, st: st, admin: storetest.AdminDB(t, dsn), logs: &syncBuffer{}}
 	var pub ed25519.PublicKey
 	f.priv, pub = vectorKey(t)
 	ctx := context.Background()

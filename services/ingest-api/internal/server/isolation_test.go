@@ -165,7 +165,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 			`SELECT endpoint_id || ' ' || state FROM endpoints WHERE tenant_id = $1 ORDER BY 1`,
 			`SELECT key_id || ' ' || state FROM producer_keys WHERE tenant_id = $1 ORDER BY 1`,
 		} {
-			rows, err := o.st.DB().DB.QueryContext(ctx, q, tenantB)
+			rows, err := o.admin.QueryContext(ctx, q, tenantB)
 			if err != nil {
 				t.Fatal(err)
 			}

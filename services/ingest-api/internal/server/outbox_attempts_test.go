@@ -49,7 +49,7 @@ func TestOutboxAttempts(t *testing.T) {
 			}
 			if st.Outcome == "" {
 				// Due again with its lease as it was: the worker is gone.
-				if _, err := o.st.DB().DB.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, id); err != nil {
+				if _, err := o.admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, id); err != nil {
 					t.Fatal(err)
 				}
 				return

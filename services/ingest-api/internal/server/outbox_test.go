@@ -165,7 +165,7 @@ func wantRefusal(t testing.TB, r resp, status int, reason string) {
 func (f *fixture) count(query string, args ...any) int {
 	f.t.Helper()
 	var n int
-	if err := f.st.DB().DB.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+	if err := f.admin.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
 		f.t.Fatal(err)
 	}
 	return n
@@ -193,14 +193,14 @@ func TestOutboxEnqueueAndRepeat(t *testing.T) {
 	// One stored envelope, byte for byte the answer; one pending message per
 	// active endpoint, none for the disabled one or the other topic.
 	var stored []byte
-	if err := o.st.DB().DB.QueryRowContext(context.Background(),
+	if err := o.admin.QueryRowContext(context.Background(),
 		`SELECT envelope FROM outbound_bodies WHERE tenant_id = $1`, tenantA).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(stored, a.Envelope) {
 		t.Fatalf("stored %s\nanswered %s", stored, a.Envelope)
 	}
-	rows, err := o.st.DB().DB.QueryContext(context.Background(), `SELECT endpoint_id, status, attempts, max_attempts,
+	rows, err := o.admin.QueryContext(context.Background(), `SELECT endpoint_id, status, attempts, max_attempts,
 		encode(event_identity, 'hex') FROM outbox_messages WHERE tenant_id = $1 ORDER BY endpoint_id`, tenantA)
 	if err != nil {
 		t.Fatal(err)
