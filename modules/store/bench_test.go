@@ -78,7 +78,7 @@ func runProducers(b *testing.B, s *store.Store, producers, batch int) {
 					in := benchInput(run, producer, seq)
 					items = append(items, store.BatchItem{Actor: a, Ingest: &in})
 				}
-				rs, err := s.IngestBatch(context.Background(), items)
+				rs, err := s.Inbound().IngestBatch(context.Background(), items)
 				if err != nil {
 					failed.Store(err)
 					return

@@ -144,7 +144,7 @@ type EnqueueResult struct {
 // every earlier commit. The same key from another producer of the project is
 // a race the lock does not cover: the unique index refuses the second, and
 // the rerun transaction answers it as a repeat or conflict.
-func (s *Store) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
+func (s *Outbox) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
 	const op = "enqueue"
 	answers, err := s.EnqueueBatch(ctx, []EnqueueItem{{Actor: a, Request: r}})
 	if err != nil {
@@ -201,7 +201,7 @@ FROM outbox_messages m WHERE m.tenant_id = $1 AND m.message_id = $2`
 
 // OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
 // other tenants' ids are all ErrNotFound.
-func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageStatus, error) {
+func (s *Outbox) OutboxMessage(ctx context.Context, tenant, id string) (MessageStatus, error) {
 	const op = "outbox message"
 	if !validIdentity(tenant) {
 		return MessageStatus{}, newErr(op, ErrInvalid)

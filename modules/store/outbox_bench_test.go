@@ -60,14 +60,14 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 	ctx := context.Background()
 	topics := []string{"bench-a", "bench-b"}
 	for i := 0; i < 100; i++ {
-		if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: topics[i%2],
+		if _, err := s.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: topics[i%2],
 			URL: "https://hooks.example.test/", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 			b.Fatal(err)
 		}
 	}
 	body := make([]byte, 512)
 	for i := 0; i < benchOutboxMessages/50; i++ {
-		_, err := s.Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "bench"}, store.EnqueueRequest{
+		_, err := s.Outbox().Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "bench"}, store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: topics[i%2], MaxAttempts: 12,
 			IdempotencyDigest: sha256.Sum256([]byte(fmt.Sprint(i))), RequestDigest: sha256.Sum256([]byte(fmt.Sprint(i))),
 			Build: func(seq int64) ([]byte, string, error) {
@@ -111,7 +111,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 		go func() {
 			defer wg.Done()
 			for {
-				cs, err := s.Claim(ctx, tenant, store.MaxClaim, time.Minute)
+				cs, err := s.Outbox().Claim(ctx, tenant, store.MaxClaim, time.Minute)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -127,7 +127,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 						ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
 							StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: 204}
 					}
-					rs, err := s.SettleBatch(ctx, tenant, ss)
+					rs, err := s.Outbox().SettleBatch(ctx, tenant, ss)
 					if err == nil {
 						err = errors.Join(rs...)
 					}
@@ -137,7 +137,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 					}
 				} else {
 					for _, c := range cs {
-						if err := s.MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
+						if err := s.Outbox().MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
 							failed.Store(err)
 							return
 						}

@@ -37,7 +37,7 @@ WHERE p.oid = ANY ($1::regclass[])`
 
 // partitions returns nil when every table is one plain heap, and otherwise
 // one group per hash bound, every table present in each.
-func (s *Store) partitions(ctx context.Context, tables ...string) ([]partitionGroup, error) {
+func (s *Retention) partitions(ctx context.Context, tables ...string) ([]partitionGroup, error) {
 	key := strings.Join(tables, ",")
 	s.parts.mu.Lock()
 	defer s.parts.mu.Unlock()
@@ -100,7 +100,7 @@ func (s *Store) partitions(ctx context.Context, tables ...string) ([]partitionGr
 }
 
 // sweepOrder is the groups in the order one sweep visits them.
-func (s *Store) sweepOrder(groups []partitionGroup) []partitionGroup {
+func (s *Retention) sweepOrder(groups []partitionGroup) []partitionGroup {
 	s.parts.mu.Lock()
 	start := int(s.parts.next % uint32(len(groups)))
 	s.parts.next++

@@ -37,7 +37,7 @@ func BenchmarkSettleBatchSize(b *testing.B) {
 				left -= n
 				b.StartTimer()
 				start := time.Now()
-				rs, err := s.SettleBatch(ctx, tenant, ss)
+				rs, err := s.Outbox().SettleBatch(ctx, tenant, ss)
 				elapsed += time.Since(start)
 				b.StopTimer()
 				if err == nil {
@@ -58,7 +58,7 @@ func claimForSettle(ctx context.Context, b *testing.B, s *store.Store, tenant st
 	b.Helper()
 	ss := make([]store.Settlement, 0, n)
 	for len(ss) < n {
-		cs, err := s.Claim(ctx, tenant, min(store.MaxClaim, n-len(ss)), time.Minute)
+		cs, err := s.Outbox().Claim(ctx, tenant, min(store.MaxClaim, n-len(ss)), time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -42,7 +42,7 @@ func TestStoretestDatabases(t *testing.T) {
 	if v, err := empty.SchemaVersion(ctx); err != nil || v != 0 {
 		t.Fatalf("empty database: SchemaVersion = %d, %v; want 0", v, err)
 	}
-	if _, err := empty.Stream(ctx, "t1", "p1", "d1"); !errors.Is(err, store.ErrInternal) {
+	if _, err := empty.Inbound().Stream(ctx, "t1", "p1", "d1"); !errors.Is(err, store.ErrInternal) {
 		t.Fatalf("unmigrated database: %v, want ErrInternal", err)
 	}
 }

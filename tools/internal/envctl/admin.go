@@ -95,7 +95,7 @@ func runEndpointList(ctx context.Context, c *cli, path string, args []string) in
 		return code
 	}
 	defer cancel()
-	es, err := s.ListEndpoints(cctx, page, *project)
+	es, err := s.Outbox().ListEndpoints(cctx, page, *project)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -128,7 +128,7 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 		return code
 	}
 	defer cancel()
-	if err := s.UpdateEndpoint(cctx, tenant, id, *rawURL, *secretRef); err != nil {
+	if err := s.Outbox().UpdateEndpoint(cctx, tenant, id, *rawURL, *secretRef); err != nil {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
@@ -139,7 +139,7 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 		}
 		return c.storeFailure(path, err)
 	}
-	e, err := s.GetEndpoint(cctx, tenant, id)
+	e, err := s.Outbox().GetEndpoint(cctx, tenant, id)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -167,7 +167,7 @@ func runKeyList(ctx context.Context, c *cli, path string, args []string) int {
 		return code
 	}
 	defer cancel()
-	ks, err := s.ListKeys(cctx, page)
+	ks, err := s.Credentials().ListKeys(cctx, page)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -200,7 +200,7 @@ func runCredentialList(ctx context.Context, c *cli, path string, args []string) 
 		return code
 	}
 	defer cancel()
-	cs, err := s.ListCredentials(cctx, page)
+	cs, err := s.Credentials().ListCredentials(cctx, page)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}

@@ -194,7 +194,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
-	if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
+	if _, err := st.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
 		URL: "http://" + ln.Addr().String() + "/hook", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 		return Report{}, fmt.Errorf("add endpoint: %w", err)
 	}
@@ -366,7 +366,7 @@ func seed(ctx context.Context, st *store.Store, tenant string, n, pad int) (int,
 			defer wg.Done()
 			for i := g; i < n; i += 8 {
 				key := fmt.Sprintf("%s-%d", tenant, i)
-				_, err := st.Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "seed"},
+				_, err := st.Outbox().Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "seed"},
 					store.EnqueueRequest{
 						ProjectID: "p1", ProducerID: "svc1", Topic: "bench",
 						IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)),
@@ -398,7 +398,7 @@ func seed(ctx context.Context, st *store.Store, tenant string, n, pad int) (int,
 func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 	total := 0
 	for {
-		claimed, err := st.Claim(ctx, tenant, store.MaxClaim, 30*time.Second)
+		claimed, err := st.Outbox().Claim(ctx, tenant, store.MaxClaim, 30*time.Second)
 		if err != nil {
 			return total, fmt.Errorf("raw claim: %w", err)
 		}
@@ -410,7 +410,7 @@ func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
 				StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: http.StatusNoContent} // timed, as the worker settles
 		}
-		res, err := st.SettleBatch(ctx, tenant, ss)
+		res, err := st.Outbox().SettleBatch(ctx, tenant, ss)
 		if err != nil {
 			return total, fmt.Errorf("raw settle: %w", err)
 		}

@@ -153,7 +153,7 @@ func TestClaimsNothingBeforeMigrate(t *testing.T) {
 		hits.Add(1)
 	}))
 	defer rc.Close()
-	if _, err := st.AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
+	if _, err := st.Outbox().AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
 		URL: rc.URL + "/hook", SecretRef: "ep"}); err != nil {
 		t.Fatal(err)
 	}

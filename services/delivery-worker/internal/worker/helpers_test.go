@@ -75,7 +75,7 @@ func (e *env) count(q string, args ...any) int {
 
 func (e *env) endpoint(tenant, topic, url, ref string) string {
 	e.t.Helper()
-	id, err := e.st.AddEndpoint(context.Background(), store.Endpoint{
+	id, err := e.st.Outbox().AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: "p1", Topic: topic, URL: url, SecretRef: ref,
 	})
 	if err != nil {
@@ -93,7 +93,7 @@ func (e *env) enqueue(tenant, topic string, maxAttempts int) ([]byte, []string) 
 		e.t.Fatal(err)
 	}
 	key := hex.EncodeToString(nonce)
-	res, err := e.st.Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-" + key[:8]},
+	res, err := e.st.Outbox().Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-" + key[:8]},
 		store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: topic,
 			IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte("body" + key)),
@@ -111,7 +111,7 @@ func (e *env) enqueue(tenant, topic string, maxAttempts int) ([]byte, []string) 
 
 func (e *env) status(tenant, id string) store.MessageStatus {
 	e.t.Helper()
-	s, err := e.st.OutboxMessage(context.Background(), tenant, id)
+	s, err := e.st.Outbox().OutboxMessage(context.Background(), tenant, id)
 	if err != nil {
 		e.t.Fatalf("OutboxMessage: %v", err)
 	}
@@ -232,7 +232,7 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
 		Tracing: o.tracing,
-	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
+	}, o.httpTimeout, st.Outbox(), snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
 	if err != nil {
 		t.Fatal(err)
 	}

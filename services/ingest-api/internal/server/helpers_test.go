@@ -143,7 +143,7 @@ func newFixture(t testing.TB, edit ...func(*Config)) *fixture {
 	var pub ed25519.PublicKey
 	f.priv, pub = vectorKey(t)
 	ctx := context.Background()
-	if err := st.AddKey(ctx, tenantA, keyA, pub); err != nil {
+	if err := st.Credentials().AddKey(ctx, tenantA, keyA, pub); err != nil {
 		t.Fatal(err)
 	}
 	f.device = f.issue(tenantA, "acct-1", deviceA, store.RoleDevice)
@@ -176,7 +176,7 @@ func (f *fixture) newServer(cfg Config, st *store.Store) *Server {
 
 func (f *fixture) issue(tenant, account, device string, role store.Role) string {
 	f.t.Helper()
-	tok, _, err := f.st.IssueCredential(context.Background(), tenant, account, device, role)
+	tok, _, err := f.st.Credentials().IssueCredential(context.Background(), tenant, account, device, role)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func wantAnswer(t testing.TB, r resp, status int, outcome, reason string, wantCu
 // audit returns tenant-a's audit rows, oldest first.
 func (f *fixture) audit() []store.AuditRecord {
 	f.t.Helper()
-	rows, err := f.st.ListAudit(context.Background(), store.AuditFilter{TenantID: tenantA, Limit: 1000})
+	rows, err := f.st.Inbound().ListAudit(context.Background(), store.AuditFilter{TenantID: tenantA, Limit: 1000})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -245,8 +245,8 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		tracer:     cfg.Tracing.Tracer(TracerName),
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
-	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
-	s.outboxCommit = newOutboxCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.commit = newCommitter(st.Inbound(), log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.outboxCommit = newOutboxCommitter(st.Outbox(), log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()
 	return s, nil
 }

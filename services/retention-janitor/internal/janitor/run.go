@@ -133,12 +133,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
 	defer cancel()
 	pace := Pace{Batch: cfg.BatchSize, RowsPerSecond: cfg.MaxRowsPerSecond}
-	if sum, err = Sweep(cycleCtx, st, cutoff, pace); err != nil || sum.StoppedBy != StoppedDone {
+	if sum, err = Sweep(cycleCtx, st.Retention(), cutoff, pace); err != nil || sum.StoppedBy != StoppedDone {
 		return err
 	}
 	// Outbound bodies after inbound payloads, in the same cycle budget and
 	// at the same pace (§8.9).
-	out, err := SweepOutbound(cycleCtx, st, cutoff, pace)
+	out, err := SweepOutbound(cycleCtx, st.Retention(), cutoff, pace)
 	sum.OutboundBodiesDeleted, sum.OutboundAttemptsDeleted = out.OutboundBodiesDeleted, out.OutboundAttemptsDeleted
 	sum.OutboundBatches, sum.StoppedBy = out.OutboundBatches, out.StoppedBy
 	return err
