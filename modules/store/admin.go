@@ -54,7 +54,7 @@ type endpointModel struct {
 
 // ListEndpoints returns a page of the tenant's endpoints in id order, of one
 // project when project is not "". Bad arguments are ErrInvalid.
-func (s *Store) ListEndpoints(ctx context.Context, p AdminPage, project string) ([]Endpoint, error) {
+func (s *Outbox) ListEndpoints(ctx context.Context, p AdminPage, project string) ([]Endpoint, error) {
 	const op = "list endpoints"
 	if !p.valid() || (project != "" && !validIdentity(project)) {
 		return nil, newErr(op, ErrInvalid)
@@ -82,7 +82,7 @@ func (s *Store) ListEndpoints(ctx context.Context, p AdminPage, project string) 
 // owners trigger (migration 0005), so another tenant's ref is
 // ErrSecretRefForeign. Its topic and state stay; messages already pending
 // go to the new URL at their next attempt. Unknown ids are ErrNotFound.
-func (s *Store) UpdateEndpoint(ctx context.Context, tenant, id, url, secretRef string) error {
+func (s *Outbox) UpdateEndpoint(ctx context.Context, tenant, id, url, secretRef string) error {
 	const op = "update endpoint"
 	if !validIdentity(tenant) || (url == "" && secretRef == "") || (secretRef != "" && !ValidSecretRef(secretRef)) {
 		return newErr(op, ErrInvalid)
@@ -131,7 +131,7 @@ type keyModel struct {
 
 // ListKeys returns a page of the tenant's producer keys in key id order,
 // whatever their state.
-func (s *Store) ListKeys(ctx context.Context, p AdminPage) ([]Key, error) {
+func (s *Credentials) ListKeys(ctx context.Context, p AdminPage) ([]Key, error) {
 	const op = "list keys"
 	if !p.valid() {
 		return nil, newErr(op, ErrInvalid)
@@ -183,7 +183,7 @@ type credentialModel struct {
 
 // ListCredentials returns a page of the tenant's credentials in id order,
 // active and revoked.
-func (s *Store) ListCredentials(ctx context.Context, p AdminPage) ([]Credential, error) {
+func (s *Credentials) ListCredentials(ctx context.Context, p AdminPage) ([]Credential, error) {
 	const op = "list credentials"
 	if !p.valid() {
 		return nil, newErr(op, ErrInvalid)

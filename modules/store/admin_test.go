@@ -28,26 +28,26 @@ func TestAdminListingsPageInIDOrder(t *testing.T) {
 	ctx := context.Background()
 	var eps []string
 	for i := 0; i < 5; i++ {
-		id, err := ops.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: fmt.Sprintf("p%d", i%2), Topic: "x",
+		id, err := ops.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: fmt.Sprintf("p%d", i%2), Topic: "x",
 			URL: "https://h.example.test/", SecretRef: "ref-t1"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		eps = append(eps, id)
 	}
-	if _, err := ops.AddEndpoint(ctx, store.Endpoint{TenantID: "t2", ProjectID: "p0", Topic: "x", URL: "https://h.example.test/", SecretRef: "ref-t2"}); err != nil {
+	if _, err := ops.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t2", ProjectID: "p0", Topic: "x", URL: "https://h.example.test/", SecretRef: "ref-t2"}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
 		pub, _, _ := ed25519.GenerateKey(rand.Reader)
-		if err := ops.AddKey(ctx, "t1", fmt.Sprintf("k%d", i), pub); err != nil {
+		if err := ops.Credentials().AddKey(ctx, "t1", fmt.Sprintf("k%d", i), pub); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := ops.IssueCredential(ctx, "t1", "a1", fmt.Sprintf("d%d", i), store.RoleDevice); err != nil {
+		if _, _, err := ops.Credentials().IssueCredential(ctx, "t1", "a1", fmt.Sprintf("d%d", i), store.RoleDevice); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := ops.IssueCredential(ctx, "t2", "a1", "d1", store.RoleDevice); err != nil {
+	if _, _, err := ops.Credentials().IssueCredential(ctx, "t2", "a1", "d1", store.RoleDevice); err != nil {
 		t.Fatal(err)
 	}
 
@@ -75,7 +75,7 @@ func TestAdminListingsPageInIDOrder(t *testing.T) {
 		return all
 	}
 	gotEps := pageAll("ListEndpoints", func(p store.AdminPage) ([]string, error) {
-		es, err := ops.ListEndpoints(ctx, p, "")
+		es, err := ops.Outbox().ListEndpoints(ctx, p, "")
 		var ids []string
 		for _, e := range es {
 			if e.TenantID != "t1" || e.URL == "" || e.SecretRef != "ref-t1" || e.State != store.EndpointActive || e.CreatedAt.IsZero() {
@@ -88,11 +88,11 @@ func TestAdminListingsPageInIDOrder(t *testing.T) {
 	if len(gotEps) != 5 {
 		t.Fatalf("ListEndpoints paged %v, want %v", gotEps, eps)
 	}
-	if es, err := ops.ListEndpoints(ctx, store.AdminPage{TenantID: "t1", Limit: 10}, "p1"); err != nil || len(es) != 2 {
+	if es, err := ops.Outbox().ListEndpoints(ctx, store.AdminPage{TenantID: "t1", Limit: 10}, "p1"); err != nil || len(es) != 2 {
 		t.Fatalf("ListEndpoints of p1: %d, %v", len(es), err)
 	}
 	if ks := pageAll("ListKeys", func(p store.AdminPage) ([]string, error) {
-		ks, err := ops.ListKeys(ctx, p)
+		ks, err := ops.Credentials().ListKeys(ctx, p)
 		var ids []string
 		for _, k := range ks {
 			if len(k.PublicKey) != ed25519.PublicKeySize || k.State != store.KeyActive {
@@ -105,7 +105,7 @@ func TestAdminListingsPageInIDOrder(t *testing.T) {
 		t.Fatalf("ListKeys paged %v", ks)
 	}
 	if cs := pageAll("ListCredentials", func(p store.AdminPage) ([]string, error) {
-		cs, err := ops.ListCredentials(ctx, p)
+		cs, err := ops.Credentials().ListCredentials(ctx, p)
 		var ids []string
 		for _, c := range cs {
 			if c.Status != store.CredentialActive || c.Role != store.RoleDevice || c.RevokedAt != nil || c.AccountID != "a1" {
@@ -122,11 +122,11 @@ func TestAdminListingsPageInIDOrder(t *testing.T) {
 		{TenantID: "", Limit: 1}, {TenantID: "t 1", Limit: 1}, {TenantID: "t1", Limit: 0},
 		{TenantID: "t1", Limit: store.MaxAdminPage + 1}, {TenantID: "t1", Limit: 1, After: strings.Repeat("x", 129)},
 	} {
-		if _, err := ops.ListKeys(ctx, p); !errors.Is(err, store.ErrInvalid) {
+		if _, err := ops.Credentials().ListKeys(ctx, p); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("ListKeys(%+v) = %v, want ErrInvalid", p, err)
 		}
 	}
-	if _, err := ops.ListEndpoints(ctx, store.AdminPage{TenantID: "t1", Limit: 1}, "p/1"); !errors.Is(err, store.ErrInvalid) {
+	if _, err := ops.Outbox().ListEndpoints(ctx, store.AdminPage{TenantID: "t1", Limit: 1}, "p/1"); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("ListEndpoints of a bad project = %v", err)
 	}
 }
@@ -137,7 +137,7 @@ func TestUpdateEndpoint(t *testing.T) {
 	ctx := context.Background()
 	add := func(tenant, ref string) string {
 		t.Helper()
-		id, err := ops.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "x", URL: "https://old.example.test/", SecretRef: ref})
+		id, err := ops.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "x", URL: "https://old.example.test/", SecretRef: ref})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,16 +145,16 @@ func TestUpdateEndpoint(t *testing.T) {
 	}
 	id := add("t1", "ref-t1")
 	add("t2", "ref-t2")
-	if err := ops.SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
+	if err := ops.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatal(err)
 	}
-	if err := ops.UpdateEndpoint(ctx, "t1", id, "https://new.example.test/hook", ""); err != nil {
+	if err := ops.Outbox().UpdateEndpoint(ctx, "t1", id, "https://new.example.test/hook", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := ops.UpdateEndpoint(ctx, "t1", id, "", "ref-t1-new"); err != nil {
+	if err := ops.Outbox().UpdateEndpoint(ctx, "t1", id, "", "ref-t1-new"); err != nil {
 		t.Fatal(err)
 	}
-	e, err := ops.GetEndpoint(ctx, "t1", id)
+	e, err := ops.Outbox().GetEndpoint(ctx, "t1", id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,11 +179,11 @@ func TestUpdateEndpoint(t *testing.T) {
 		{"bad ref", "t1", id, "", "-ref", store.ErrInvalid},
 		{"bad tenant", "t 1", id, "https://x.example.test/", "", store.ErrInvalid},
 	} {
-		if err := ops.UpdateEndpoint(ctx, c.tenant, c.id, c.url, c.ref); !errors.Is(err, c.want) {
+		if err := ops.Outbox().UpdateEndpoint(ctx, c.tenant, c.id, c.url, c.ref); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
-	if e2, _ := ops.GetEndpoint(ctx, "t1", id); e2 != e {
+	if e2, _ := ops.Outbox().GetEndpoint(ctx, "t1", id); e2 != e {
 		t.Fatalf("a refused update changed the endpoint: %+v", e2)
 	}
 }
@@ -202,7 +202,7 @@ func TestListAuditFilters(t *testing.T) {
 	corrs := func(fl store.AuditFilter) string {
 		t.Helper()
 		fl.TenantID = "t1"
-		rs, err := ops.ListAudit(ctx, fl)
+		rs, err := ops.Inbound().ListAudit(ctx, fl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +230,7 @@ func TestListAuditFilters(t *testing.T) {
 		{TenantID: "t1", Outcome: "Accepted"},
 		{TenantID: "t1", Since: base, Until: base},
 	} {
-		if _, err := ops.ListAudit(ctx, bad); !errors.Is(err, store.ErrInvalid) {
+		if _, err := ops.Inbound().ListAudit(ctx, bad); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("ListAudit(%+v) = %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -261,7 +261,7 @@ func TestDeadLetterCursorAt(t *testing.T) {
 		{base.Add(time.Microsecond), ids[2:]},
 		{base.Add(2 * time.Microsecond), nil},
 	} {
-		dls, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", store.MaxDeadLetterPage, store.DeadLetterCursorAt(c.at))
+		dls, _, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", store.MaxDeadLetterPage, store.DeadLetterCursorAt(c.at))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -41,7 +41,7 @@ ORDER BY audit_id DESC
 LIMIT $4`
 
 // ListAudit returns audit rows newest first.
-func (s *Store) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, error) {
+func (s *Inbound) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, error) {
 	const op = "list audit"
 	if f.Limit == 0 {
 		f.Limit = 100

@@ -103,7 +103,7 @@ func TestIngestBatchRefusesInvalid(t *testing.T) {
 	ctx := context.Background()
 	good := ev("e1", 1).input()
 	a := actor("t1", "d1")
-	if rs, err := f.s.IngestBatch(ctx, nil); err != nil || len(rs) != 0 {
+	if rs, err := f.s.Inbound().IngestBatch(ctx, nil); err != nil || len(rs) != 0 {
 		t.Fatalf("empty batch: %v, %v", rs, err)
 	}
 	bad := good
@@ -118,7 +118,7 @@ func TestIngestBatchRefusesInvalid(t *testing.T) {
 		cases["too many"][i] = store.BatchItem{Actor: a, Ingest: &good}
 	}
 	for name, items := range cases {
-		if _, err := f.s.IngestBatch(ctx, items); !errors.Is(err, store.ErrInvalid) {
+		if _, err := f.s.Inbound().IngestBatch(ctx, items); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
@@ -131,7 +131,7 @@ func TestIngestBatchDuplicatesInside(t *testing.T) {
 	f := newFixture(t)
 	a := actor("t1", "d1")
 	in1, in2 := ev("e1", 1).input(), ev("e2", 2).input()
-	rs, err := f.s.IngestBatch(context.Background(), []store.BatchItem{
+	rs, err := f.s.Inbound().IngestBatch(context.Background(), []store.BatchItem{
 		{Actor: a, Ingest: &in2}, {Actor: a, Ingest: &in1}, {Actor: a, Ingest: &in1}, {Actor: a, Ingest: &in2},
 	})
 	if err != nil {
@@ -162,7 +162,7 @@ func TestIngestBatchCommitting(t *testing.T) {
 	in1 := ev("e1", 1).input()
 	calls := 0
 	var seen [4]int
-	rs, err := f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in1}}, func() {
+	rs, err := f.s.Inbound().IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in1}}, func() {
 		calls++
 		seen = f.tableCounts()
 	})
@@ -179,7 +179,7 @@ func TestIngestBatchCommitting(t *testing.T) {
 	// A set-based batch: the hook runs once, everything is committed on return.
 	in2, in3 := ev("e2", 2).input(), ev("e3", 3).input()
 	calls = 0
-	rs, err = f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in2}, {Actor: a, Ingest: &in3}}, func() { calls++ })
+	rs, err = f.s.Inbound().IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &in2}, {Actor: a, Ingest: &in3}}, func() { calls++ })
 	if err != nil || rs[0].Outcome != store.OutcomeAccepted || rs[1].Outcome != store.OutcomeAccepted {
 		t.Fatalf("batch: %+v, %v", rs, err)
 	}
@@ -194,7 +194,7 @@ func TestIngestBatchCommitting(t *testing.T) {
 	bad := ev("e4", 4).input()
 	bad.Sequence = 0
 	calls = 0
-	if _, err := f.s.IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &bad}}, func() { calls++ }); !errors.Is(err, store.ErrInvalid) {
+	if _, err := f.s.Inbound().IngestBatchCommitting(ctx, []store.BatchItem{{Actor: a, Ingest: &bad}}, func() { calls++ }); !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("invalid: %v", err)
 	}
 	if calls != 1 {

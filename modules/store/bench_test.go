@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"fmt"
 	"os"
 	"sync"
@@ -17,8 +18,9 @@ import (
 )
 
 // benchStore opens the database named by STORE_BENCH_DSN (bench/run.sh points
-// it and pgbench at the same database) or a fresh durable test database.
-func benchStore(b *testing.B) *store.Store {
+// it and pgbench at the same database) or a fresh durable test database, and
+// an admin pool on the same database.
+func benchStore(b *testing.B) (*store.Store, *sql.DB) {
 	b.Helper()
 	ctx := context.Background()
 	dsn := os.Getenv("STORE_BENCH_DSN")
@@ -31,10 +33,11 @@ func benchStore(b *testing.B) *store.Store {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	if _, err := migrations.Apply(ctx, s.DB().DB); err != nil {
+	admin := storetest.AdminDB(b, dsn)
+	if _, err := migrations.Apply(ctx, admin); err != nil {
 		b.Fatal(err)
 	}
-	return s
+	return s, admin
 }
 
 var benchRun atomic.Int64
@@ -75,7 +78,7 @@ func runProducers(b *testing.B, s *store.Store, producers, batch int) {
 					in := benchInput(run, producer, seq)
 					items = append(items, store.BatchItem{Actor: a, Ingest: &in})
 				}
-				rs, err := s.IngestBatch(context.Background(), items)
+				rs, err := s.Inbound().IngestBatch(context.Background(), items)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -97,14 +100,14 @@ func runProducers(b *testing.B, s *store.Store, producers, batch int) {
 }
 
 func BenchmarkIngest(b *testing.B) {
-	s := benchStore(b)
+	s, _ := benchStore(b)
 	for _, producers := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("producers=%d", producers), func(b *testing.B) { runProducers(b, s, producers, 1) })
 	}
 }
 
 func BenchmarkIngestBatch(b *testing.B) {
-	s := benchStore(b)
+	s, _ := benchStore(b)
 	for _, producers := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("producers=%d/batch=100", producers), func(b *testing.B) { runProducers(b, s, producers, 100) })
 	}

@@ -34,8 +34,9 @@ func BenchmarkClaimAtScale(b *testing.B) {
 	const tenants = 10_000
 	for _, idle := range []int{0, 9_000} {
 		// Seeded outside b.Run, which runs its function more than once.
-		s := storetest.Open(b, storetest.NewDatabase(b))
-		db := s.DB().DB
+		dsn := storetest.NewDatabase(b)
+		s := storetest.Open(b, dsn)
+		db := storetest.AdminDB(b, dsn)
 		start := time.Now()
 		for _, q := range []string{
 			`INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref)
@@ -75,7 +76,7 @@ FROM generate_series(1, $1::int) g, generate_series(1, $2::int) m`,
 			for i := 0; i < b.N; i++ {
 				tenant := fmt.Sprintf("ct%d", idle+1+rng.IntN(tenants-idle))
 				t0 := time.Now()
-				got, err := s.Claim(ctx, tenant, 10, time.Minute)
+				got, err := s.Outbox().Claim(ctx, tenant, 10, time.Minute)
 				lat = append(lat, time.Since(t0))
 				if err != nil {
 					b.Fatal(err)
@@ -89,7 +90,7 @@ FROM generate_series(1, $1::int) g, generate_series(1, $2::int) m`,
 			due := make([]time.Duration, 0, 20)
 			for range 20 {
 				t0 := time.Now()
-				ts, err := s.DueTenants(ctx, 100)
+				ts, err := s.Outbox().DueTenants(ctx, 100)
 				due = append(due, time.Since(t0))
 				if err != nil || len(ts) == 0 {
 					b.Fatalf("DueTenants = %d tenants, %v", len(ts), err)

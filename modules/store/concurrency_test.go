@@ -23,7 +23,7 @@ func TestConcurrentSameEnvelope(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			results[i], errs[i] = f.s.Ingest(context.Background(), actor("t1", "d1"), in)
+			results[i], errs[i] = f.s.Inbound().Ingest(context.Background(), actor("t1", "d1"), in)
 		}()
 	}
 	close(start)
@@ -62,7 +62,7 @@ func TestConcurrentSameEventAcrossStreams(t *testing.T) {
 			<-start
 			p := fmt.Sprintf("d%d", i)
 			e := env{tenant: "t1", project: "p1", producer: p, eventID: "shared", seq: 1}
-			results[i], errs[i] = f.s.Ingest(context.Background(), actor("t1", p), e.input())
+			results[i], errs[i] = f.s.Inbound().Ingest(context.Background(), actor("t1", p), e.input())
 		}()
 	}
 	close(start)
@@ -99,7 +99,7 @@ func TestConcurrentProducersShuffled(t *testing.T) {
 				for i := s; i < len(seqs); i += senders {
 					seq := int64(seqs[i] + 1)
 					e := env{tenant: "t1", project: "p1", producer: name, eventID: fmt.Sprintf("%s-%d", name, seq), seq: seq}
-					r, err := f.s.Ingest(context.Background(), actor("t1", name), e.input())
+					r, err := f.s.Inbound().Ingest(context.Background(), actor("t1", name), e.input())
 					if err != nil {
 						errs <- err
 						return
@@ -119,7 +119,7 @@ func TestConcurrentProducersShuffled(t *testing.T) {
 	}
 	for p := range producers {
 		name := fmt.Sprintf("d%d", p)
-		st, err := f.s.Stream(context.Background(), "t1", "p1", name)
+		st, err := f.s.Inbound().Stream(context.Background(), "t1", "p1", name)
 		if err != nil || st.Cursor != perProducer {
 			t.Fatalf("%s: %+v, %v; want cursor %d", name, st, err, perProducer)
 		}
@@ -154,7 +154,7 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 					in := e.input()
 					items = append(items, store.BatchItem{Actor: actor("t1", p), Ingest: &in})
 				}
-				if _, err := f.s.IngestBatch(context.Background(), items); err != nil {
+				if _, err := f.s.Inbound().IngestBatch(context.Background(), items); err != nil {
 					errs <- err
 					return
 				}
@@ -167,7 +167,7 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k := range 4 {
-		st, err := f.s.Stream(context.Background(), "t1", "p1", fmt.Sprintf("d%d", k))
+		st, err := f.s.Inbound().Stream(context.Background(), "t1", "p1", fmt.Sprintf("d%d", k))
 		if err != nil || st.Cursor != workers*rounds {
 			t.Fatalf("d%d: %+v, %v", k, st, err)
 		}

@@ -91,7 +91,7 @@ func TestCrashCancelledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.s.IngestBatch(ctx, items)
+		_, err := f.s.Inbound().IngestBatch(ctx, items)
 		done <- err
 	}()
 	f.waitingPid()
@@ -117,7 +117,7 @@ func TestCrashTerminatedBackend(t *testing.T) {
 	f, items, b := crashSetup(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.s.IngestBatch(context.Background(), items)
+		_, err := f.s.Inbound().IngestBatch(context.Background(), items)
 		done <- err
 	}()
 	pid := f.waitingPid()
@@ -145,7 +145,7 @@ func TestCrashCancelWhileLocked(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.s.Ingest(ctx, a, ev("e2", 2).input())
+		_, err := f.s.Inbound().Ingest(ctx, a, ev("e2", 2).input())
 		done <- err
 	}()
 	f.waitingPid()
@@ -169,11 +169,11 @@ func TestUnavailableDatabase(t *testing.T) {
 	defer s.Close()
 	checks := map[string]error{}
 	checks["ping"] = s.Ping(ctx)
-	_, checks["ingest"] = s.Ingest(ctx, actor("t1", "d1"), ev("e1", 1).input())
-	_, checks["verify"] = s.VerifyCredential(ctx, store.TokenPrefix+strings.Repeat("A", 43))
-	_, checks["lookup key"] = s.LookupKey(ctx, "t1", "k1")
+	_, checks["ingest"] = s.Inbound().Ingest(ctx, actor("t1", "d1"), ev("e1", 1).input())
+	_, checks["verify"] = s.Credentials().VerifyCredential(ctx, store.TokenPrefix+strings.Repeat("A", 43))
+	_, checks["lookup key"] = s.Credentials().LookupKey(ctx, "t1", "k1")
 	_, checks["schema version"] = s.SchemaVersion(ctx)
-	_, checks["stream"] = s.Stream(ctx, "t1", "p1", "d1")
+	_, checks["stream"] = s.Inbound().Stream(ctx, "t1", "p1", "d1")
 	for name, err := range checks {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("%s: %v, want ErrUnavailable", name, err)
@@ -198,7 +198,7 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Ingest(context.Background(), actor("t1", "d1"), ev("e1", 1).input()); !errors.Is(err, store.ErrUnavailable) {
+	if _, err := s.Inbound().Ingest(context.Background(), actor("t1", "d1"), ev("e1", 1).input()); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("closed store: %v", err)
 	}
 }
@@ -208,7 +208,7 @@ func TestSchemaMismatchIsInternalAndQuiet(t *testing.T) {
 	if _, err := f.admin.Exec(`ALTER TABLE audit_events RENAME TO audit_events_old`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := f.s.Ingest(context.Background(), actor("t1", "d1"), ev("e1", 1).input())
+	_, err := f.s.Inbound().Ingest(context.Background(), actor("t1", "d1"), ev("e1", 1).input())
 	if !errors.Is(err, store.ErrInternal) || errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrInternal", err)
 	}
@@ -227,8 +227,7 @@ func TestStatementTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var setting string
-	if err := s.DB().QueryRow(`SHOW statement_timeout`).Scan(&setting); err != nil || setting != "1500ms" {
+	if setting, err := store.SessionSetting(context.Background(), s, "statement_timeout"); err != nil || setting != "1500ms" {
 		t.Fatalf("statement_timeout = %q, %v", setting, err)
 	}
 	// A statement stuck behind the stream lock is cut off by the server and
@@ -237,7 +236,7 @@ func TestStatementTimeout(t *testing.T) {
 	before := f.tableCounts()
 	b := f.block(`SELECT FROM streams WHERE producer_id = 'd1' FOR UPDATE`)
 	defer b.tx.Rollback()
-	_, err = s.Ingest(context.Background(), actor("t1", "d1"), ev("e2", 2).input())
+	_, err = s.Inbound().Ingest(context.Background(), actor("t1", "d1"), ev("e2", 2).input())
 	assertSafeError(t, err)
 	if store.SQLState(err) != "57014" {
 		t.Fatalf("SQLState = %q, want query_canceled", store.SQLState(err))

@@ -48,7 +48,7 @@ VALUES ($1, $2, $3, $4, $5, $6)`
 
 // IssueCredential creates a credential and returns its token, which is shown
 // once: only its SHA-256 digest is stored.
-func (s *Store) IssueCredential(ctx context.Context, tenant, account, device string, role Role) (token, id string, err error) {
+func (s *Credentials) IssueCredential(ctx context.Context, tenant, account, device string, role Role) (token, id string, err error) {
 	const op = "issue credential"
 	if !validIdentity(tenant, account, device) || !role.Valid() {
 		return "", "", newErr(op, ErrInvalid)
@@ -78,7 +78,7 @@ WHERE token_digest = $1 AND status = 'active'`
 // VerifyCredential resolves a bearer token. Unknown, malformed and revoked
 // tokens are all ErrNotFound (the caller answers 401 without saying which);
 // a database failure is ErrUnavailable, never ErrNotFound.
-func (s *Store) VerifyCredential(ctx context.Context, token string) (Identity, error) {
+func (s *Credentials) VerifyCredential(ctx context.Context, token string) (Identity, error) {
 	const op = "verify credential"
 	if len(token) != tokenLen || !strings.HasPrefix(token, TokenPrefix) {
 		return Identity{}, newErr(op, ErrNotFound)
@@ -119,7 +119,7 @@ WHERE tenant_id = $1 AND credential_id = $2`
 
 // RevokeCredential stops a credential from verifying. Revoking twice is not an
 // error; an unknown id is ErrNotFound.
-func (s *Store) RevokeCredential(ctx context.Context, tenant, id string) error {
+func (s *Credentials) RevokeCredential(ctx context.Context, tenant, id string) error {
 	const op = "revoke credential"
 	if !validIdentity(tenant) || id == "" || len(id) > 64 {
 		return newErr(op, ErrInvalid)

@@ -56,12 +56,12 @@ func (l *compareLog) reset() (calls int) {
 func TestCredentialDecisionIsOneConstantTimeDigestComparison(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	live, id, err := f.s.IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
+	live, id, err := f.s.Credentials().IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"d2", "d3", "d4"} {
-		if _, _, err := f.s.IssueCredential(ctx, "t1", "a1", d, store.RoleDevice); err != nil {
+		if _, _, err := f.s.Credentials().IssueCredential(ctx, "t1", "a1", d, store.RoleDevice); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestCredentialDecisionIsOneConstantTimeDigestComparison(t *testing.T) {
 	defer store.SetDigestsEqual(log.compare)()
 
 	// A live token: one comparison, of its full digest with the stored one.
-	if got, err := f.s.VerifyCredential(ctx, live); err != nil || got.CredentialID != id {
+	if got, err := f.s.Credentials().VerifyCredential(ctx, live); err != nil || got.CredentialID != id {
 		t.Fatalf("live token: %+v, %v", got, err)
 	}
 	want := sha256.Sum256([]byte(live))
@@ -81,7 +81,7 @@ func TestCredentialDecisionIsOneConstantTimeDigestComparison(t *testing.T) {
 	// The comparison alone decides: refused by it, the live token fails.
 	zero := 0
 	log.override = &zero
-	if _, err := f.s.VerifyCredential(ctx, live); !errors.Is(err, store.ErrNotFound) {
+	if _, err := f.s.Credentials().VerifyCredential(ctx, live); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a token the constant-time comparison refused still verified: %v", err)
 	}
 	log.override = nil
@@ -92,12 +92,12 @@ func TestCredentialDecisionIsOneConstantTimeDigestComparison(t *testing.T) {
 	others := strings.ReplaceAll("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", live[len(live)-1:], "")
 	for i := 0; i < len(others); i++ {
 		near := live[:len(live)-1] + others[i:i+1]
-		if _, err := f.s.VerifyCredential(ctx, near); !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.s.Credentials().VerifyCredential(ctx, near); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("near miss %d: %v", i, err)
 		}
 		b := make([]byte, 32)
 		_, _ = rand.Read(b)
-		if _, err := f.s.VerifyCredential(ctx, store.TokenPrefix+base64.RawURLEncoding.EncodeToString(b)); !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.s.Credentials().VerifyCredential(ctx, store.TokenPrefix+base64.RawURLEncoding.EncodeToString(b)); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("random token: %v", err)
 		}
 	}
@@ -111,7 +111,7 @@ func TestCredentialDecisionIsOneConstantTimeDigestComparison(t *testing.T) {
 func TestMalformedTokenNeedsNoDatabase(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	live, _, err := f.s.IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
+	live, _, err := f.s.Credentials().IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,13 +123,13 @@ func TestMalformedTokenNeedsNoDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tok := range []string{"", live[:len(live)-1], live + "A", "xyz_" + live[len(store.TokenPrefix):]} {
-		if _, err := dead.VerifyCredential(ctx, tok); !errors.Is(err, store.ErrNotFound) {
+		if _, err := dead.Credentials().VerifyCredential(ctx, tok); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("malformed %q on a closed pool: %v, want ErrNotFound", tok, err)
 		}
 	}
 	// A well-formed token does reach the database: a closed pool is
 	// unavailable, never a refusal.
-	if _, err := dead.VerifyCredential(ctx, live); !errors.Is(err, store.ErrUnavailable) {
+	if _, err := dead.Credentials().VerifyCredential(ctx, live); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("well-formed token on a closed pool: %v, want ErrUnavailable", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 func TestCredentialLifecycle(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	token, id, err := f.s.IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
+	token, id, err := f.s.Credentials().IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,13 +30,13 @@ func TestCredentialLifecycle(t *testing.T) {
 	if n := f.count(`SELECT count(*) FROM credentials c WHERE strpos(c::text, $1) > 0 OR strpos(c::text, $2) > 0`, token, secret); n != 0 {
 		t.Fatal("the token itself is stored")
 	}
-	got, err := f.s.VerifyCredential(ctx, token)
+	got, err := f.s.Credentials().VerifyCredential(ctx, token)
 	want := store.Identity{TenantID: "t1", AccountID: "a1", DeviceID: "d1", Role: store.RoleDevice, CredentialID: id}
 	if err != nil || got != want {
 		t.Fatalf("Verify = %+v, %v; want %+v", got, err, want)
 	}
 
-	other, _, err := f.s.IssueCredential(ctx, "t1", "a1", "d1", store.RoleService)
+	other, _, err := f.s.Credentials().IssueCredential(ctx, "t1", "a1", "d1", store.RoleService)
 	if err != nil || other == token {
 		t.Fatalf("second token %v (same as first: %v)", err, other == token)
 	}
@@ -46,27 +46,27 @@ func TestCredentialLifecycle(t *testing.T) {
 		store.TokenPrefix + strings.Repeat("A", 43), "xyz_" + secret,
 	}
 	for _, tok := range unknown {
-		if _, err := f.s.VerifyCredential(ctx, tok); !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.s.Credentials().VerifyCredential(ctx, tok); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("Verify(%q) = %v, want ErrNotFound", tok, err)
 		}
 	}
 
-	if err := f.s.RevokeCredential(ctx, "t1", id); err != nil {
+	if err := f.s.Credentials().RevokeCredential(ctx, "t1", id); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.RevokeCredential(ctx, "t1", id); err != nil {
+	if err := f.s.Credentials().RevokeCredential(ctx, "t1", id); err != nil {
 		t.Fatalf("revoking twice: %v", err)
 	}
-	if _, err := f.s.VerifyCredential(ctx, token); !errors.Is(err, store.ErrNotFound) {
+	if _, err := f.s.Credentials().VerifyCredential(ctx, token); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoked token verifies: %v", err)
 	}
-	if _, err := f.s.VerifyCredential(ctx, other); err != nil {
+	if _, err := f.s.Credentials().VerifyCredential(ctx, other); err != nil {
 		t.Fatalf("revocation touched another credential: %v", err)
 	}
-	if err := f.s.RevokeCredential(ctx, "t2", id); !errors.Is(err, store.ErrNotFound) {
+	if err := f.s.Credentials().RevokeCredential(ctx, "t2", id); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoke in another tenant: %v", err)
 	}
-	if err := f.s.RevokeCredential(ctx, "t1", "nope"); !errors.Is(err, store.ErrNotFound) {
+	if err := f.s.Credentials().RevokeCredential(ctx, "t1", "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoke unknown: %v", err)
 	}
 }
@@ -85,11 +85,11 @@ func TestIssueCredentialRefusesBadInput(t *testing.T) {
 		{"t", "a", "d", ""},
 	}
 	for _, c := range cases {
-		if _, _, err := f.s.IssueCredential(ctx, c.tenant, c.account, c.device, c.role); !errors.Is(err, store.ErrInvalid) {
+		if _, _, err := f.s.Credentials().IssueCredential(ctx, c.tenant, c.account, c.device, c.role); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%+v: %v, want ErrInvalid", c, err)
 		}
 	}
-	if err := f.s.RevokeCredential(ctx, "", "x"); !errors.Is(err, store.ErrInvalid) {
+	if err := f.s.Credentials().RevokeCredential(ctx, "", "x"); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("revoke without tenant: %v", err)
 	}
 	if n := f.count(`SELECT count(*) FROM credentials`); n != 0 {

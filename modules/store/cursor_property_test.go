@@ -88,7 +88,7 @@ func TestCursorAgainstModel(t *testing.T) {
 			}
 			if r.IntN(12) == 0 {
 				floor := m.floor + int64(r.IntN(6))
-				st, err := f.s.SetReplayFloor(ctx, "t1", "p1", producer, floor)
+				st, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", producer, floor)
 				if err != nil {
 					t.Fatalf("seed %d: SetReplayFloor(%d): %v", seed, floor, err)
 				}
@@ -98,12 +98,12 @@ func TestCursorAgainstModel(t *testing.T) {
 				}
 			}
 			if r.IntN(15) == 0 && m.floor > 0 {
-				if _, err := f.s.SetReplayFloor(ctx, "t1", "p1", producer, m.floor-1); !errors.Is(err, store.ErrConflict) {
+				if _, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", producer, m.floor-1); !errors.Is(err, store.ErrConflict) {
 					t.Fatalf("seed %d: lowering the floor: %v, want ErrConflict", seed, err)
 				}
 			}
 		}
-		st, err := f.s.Stream(ctx, "t1", "p1", producer)
+		st, err := f.s.Inbound().Stream(ctx, "t1", "p1", producer)
 		if err != nil || st.Cursor != m.cursor() || st.ReplayFloor != m.floor {
 			t.Fatalf("seed %d: Stream = %+v, %v; model cursor %d floor %d", seed, st, err, m.cursor(), m.floor)
 		}

@@ -15,6 +15,22 @@
 // The schema lives in the migrations module; this package assumes it and
 // never creates tables.
 //
+// # Concerns
+//
+// Open returns a Store: the pool, Close, Ping and the schema version and
+// readiness (CheckSchema, NewReadiness). The statements are grouped by
+// concern into types that share that one pool, each reached from the Store:
+//
+//   - Credentials: credentials and producer keys (credentials.go, keys.go)
+//   - Inbound: ingest, the audit trail and streams (ingest.go, audit.go, streams.go)
+//   - Outbox: endpoints, enqueue, claim, settle, dead letters, attempts (endpoints.go, outbox*.go)
+//   - Retention: expiry deletes and the body-expiry backfill (retention.go, outbox_retention.go)
+//
+// A caller keeps only the concerns it uses: the delivery-worker an *Outbox,
+// the retention-janitor a *Retention. TryLock's SessionLock is the one
+// statement outside the pool: a session-level advisory lock on a
+// connection of its own, for a run that must not overlap another.
+//
 // # Transactions
 //
 // Ingest (and a batch of one envelope) sends BEGIN, the stream lock (an

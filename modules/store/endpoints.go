@@ -197,7 +197,7 @@ func guardTopic(ctx context.Context, tx *sql.Tx, op, tenant, project, topic, id 
 // exactly one gets it. An active endpoint for a topic that has
 // MaxTopicEndpoints active ones already is ErrTopicFull (see guardTopic); a
 // disabled one is always taken.
-func (s *Store) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
+func (s *Outbox) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 	const op = "add endpoint"
 	if e.State == "" {
 		e.State = EndpointActive
@@ -255,7 +255,7 @@ WHERE tenant_id = $1 AND endpoint_id = $2`
 // pending and are claimed again once it is enabled. Enabling an endpoint
 // whose topic has MaxTopicEndpoints other active endpoints is ErrTopicFull
 // (see guardTopic).
-func (s *Store) SetEndpointState(ctx context.Context, tenant, id string, state EndpointState, reason string) error {
+func (s *Outbox) SetEndpointState(ctx context.Context, tenant, id string, state EndpointState, reason string) error {
 	const op = "set endpoint state"
 	if !validIdentity(tenant) || !state.Valid() || (reason != "" && !codeRE.MatchString(reason)) {
 		return newErr(op, ErrInvalid)
@@ -306,7 +306,7 @@ SELECT project_id, topic, url, secret_ref, state, disabled_reason, created_at
 FROM endpoints WHERE tenant_id = $1 AND endpoint_id = $2`
 
 // GetEndpoint returns one endpoint of tenant; ErrNotFound otherwise.
-func (s *Store) GetEndpoint(ctx context.Context, tenant, id string) (Endpoint, error) {
+func (s *Outbox) GetEndpoint(ctx context.Context, tenant, id string) (Endpoint, error) {
 	const op = "get endpoint"
 	if !validIdentity(tenant) {
 		return Endpoint{}, newErr(op, ErrInvalid)

@@ -30,7 +30,7 @@ func fillTopic(t *testing.T, s *store.Store, n int) []string {
 	t.Helper()
 	ids := make([]string, n)
 	for i := range ids {
-		id, err := s.AddEndpoint(context.Background(), topicEndpoint(i, ""))
+		id, err := s.Outbox().AddEndpoint(context.Background(), topicEndpoint(i, ""))
 		if err != nil {
 			t.Fatalf("add endpoint %d of %d: %v", i+1, n, err)
 		}
@@ -51,7 +51,7 @@ func TestEndpointTopicHoldsAtMostMaxTopicEndpoints(t *testing.T) {
 	// Disabled endpoints first: they take no slot, before or after the topic is full.
 	var disabled []string
 	for i := range 3 {
-		id, err := f.s.AddEndpoint(ctx, topicEndpoint(100+i, store.EndpointDisabled))
+		id, err := f.s.Outbox().AddEndpoint(ctx, topicEndpoint(100+i, store.EndpointDisabled))
 		if err != nil {
 			t.Fatalf("add disabled endpoint: %v", err)
 		}
@@ -63,7 +63,7 @@ func TestEndpointTopicHoldsAtMostMaxTopicEndpoints(t *testing.T) {
 	}
 
 	before := f.count(`SELECT count(*) FROM endpoints`)
-	_, err := f.s.AddEndpoint(ctx, topicEndpoint(64, ""))
+	_, err := f.s.Outbox().AddEndpoint(ctx, topicEndpoint(64, ""))
 	wantErr(t, "65th add", err, store.ErrTopicFull)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("65th add: %v is also another kind", err)
@@ -71,26 +71,26 @@ func TestEndpointTopicHoldsAtMostMaxTopicEndpoints(t *testing.T) {
 	// A caller-chosen id is refused the same way, before its id is looked at.
 	chosen := topicEndpoint(65, store.EndpointActive)
 	chosen.ID = "ep_0000000000000000000000ff"
-	_, err = f.s.AddEndpoint(ctx, chosen)
+	_, err = f.s.Outbox().AddEndpoint(ctx, chosen)
 	wantErr(t, "65th add with an id", err, store.ErrTopicFull)
 	if after := f.count(`SELECT count(*) FROM endpoints`); after != before {
 		t.Fatalf("refused adds wrote rows: %d -> %d", before, after)
 	}
 
 	// Enabling a disabled endpoint would make 65: refused, and it stays disabled with its reason.
-	wantErr(t, "enable at the bound", f.s.SetEndpointState(ctx, "t1", disabled[0], store.EndpointActive, ""), store.ErrTopicFull)
-	if e, err := f.s.GetEndpoint(ctx, "t1", disabled[0]); err != nil || e.State != store.EndpointDisabled {
+	wantErr(t, "enable at the bound", f.s.Outbox().SetEndpointState(ctx, "t1", disabled[0], store.EndpointActive, ""), store.ErrTopicFull)
+	if e, err := f.s.Outbox().GetEndpoint(ctx, "t1", disabled[0]); err != nil || e.State != store.EndpointDisabled {
 		t.Fatalf("refused enable changed the endpoint: %+v, %v", e, err)
 	}
 	// Enabling one that is active already is no new slot, and disabling is never refused.
-	if err := f.s.SetEndpointState(ctx, "t1", active[0], store.EndpointActive, ""); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", active[0], store.EndpointActive, ""); err != nil {
 		t.Fatalf("enable an active endpoint of a full topic: %v", err)
 	}
-	if err := f.s.SetEndpointState(ctx, "t1", disabled[1], store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", disabled[1], store.EndpointDisabled, "operator"); err != nil {
 		t.Fatalf("disable in a full topic: %v", err)
 	}
 	// A disabled add is still taken: it is no slot.
-	if _, err := f.s.AddEndpoint(ctx, topicEndpoint(66, store.EndpointDisabled)); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, topicEndpoint(66, store.EndpointDisabled)); err != nil {
 		t.Fatalf("disabled add to a full topic: %v", err)
 	}
 	// The bound is per (tenant, project, topic).
@@ -100,26 +100,26 @@ func TestEndpointTopicHoldsAtMostMaxTopicEndpoints(t *testing.T) {
 		{TenantID: "t2", ProjectID: "p1", Topic: "wide"},
 	} {
 		e.URL, e.SecretRef = "https://hooks.example.test/other", "sec-"+e.TenantID+"-other"
-		if _, err := f.s.AddEndpoint(ctx, e); err != nil {
+		if _, err := f.s.Outbox().AddEndpoint(ctx, e); err != nil {
 			t.Fatalf("add to %s/%s/%s next to a full topic: %v", e.TenantID, e.ProjectID, e.Topic, err)
 		}
 	}
 
 	// A slot freed by a disable is taken by an enable, then the topic is full again.
-	if err := f.s.SetEndpointState(ctx, "t1", active[1], store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", active[1], store.EndpointDisabled, "operator"); err != nil {
 		t.Fatalf("disable: %v", err)
 	}
-	if err := f.s.SetEndpointState(ctx, "t1", disabled[0], store.EndpointActive, ""); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", disabled[0], store.EndpointActive, ""); err != nil {
 		t.Fatalf("enable into the freed slot: %v", err)
 	}
-	wantErr(t, "enable after the slot was taken", f.s.SetEndpointState(ctx, "t1", active[1], store.EndpointActive, ""), store.ErrTopicFull)
-	_, err = f.s.AddEndpoint(ctx, topicEndpoint(67, ""))
+	wantErr(t, "enable after the slot was taken", f.s.Outbox().SetEndpointState(ctx, "t1", active[1], store.EndpointActive, ""), store.ErrTopicFull)
+	_, err = f.s.Outbox().AddEndpoint(ctx, topicEndpoint(67, ""))
 	wantErr(t, "add after the slot was taken", err, store.ErrTopicFull)
 	if n := f.activeOn("t1", "p1", "wide"); n != store.MaxTopicEndpoints {
 		t.Fatalf("%d active endpoints, want %d", n, store.MaxTopicEndpoints)
 	}
 	// Unknown ids are still not found, not full.
-	wantErr(t, "enable unknown", f.s.SetEndpointState(ctx, "t1", "ep_ffffffffffffffffffffffff", store.EndpointActive, ""), store.ErrNotFound)
+	wantErr(t, "enable unknown", f.s.Outbox().SetEndpointState(ctx, "t1", "ep_ffffffffffffffffffffffff", store.EndpointActive, ""), store.ErrNotFound)
 }
 
 // Adds and enables racing for the last slots of a topic, as the operator role (the grants must
@@ -152,7 +152,7 @@ func raceTopicGuard(t *testing.T, isolation string) {
 	fillTopic(t, operator, store.MaxTopicEndpoints-free)
 	var disabled []string
 	for i := range racers / 2 {
-		id, err := operator.AddEndpoint(ctx, topicEndpoint(200+i, store.EndpointDisabled))
+		id, err := operator.Outbox().AddEndpoint(ctx, topicEndpoint(200+i, store.EndpointDisabled))
 		if err != nil {
 			t.Fatalf("add disabled: %v", err)
 		}
@@ -169,9 +169,9 @@ func raceTopicGuard(t *testing.T, isolation string) {
 				defer wg.Done()
 				<-start
 				if i%2 == 0 {
-					_, errs[i] = operator.AddEndpoint(ctx, topicEndpoint(1000*(round+1)+i, ""))
+					_, errs[i] = operator.Outbox().AddEndpoint(ctx, topicEndpoint(1000*(round+1)+i, ""))
 				} else {
-					errs[i] = operator.SetEndpointState(ctx, "t1", disabled[i/2], store.EndpointActive, "")
+					errs[i] = operator.Outbox().SetEndpointState(ctx, "t1", disabled[i/2], store.EndpointActive, "")
 				}
 			}()
 		}
@@ -197,7 +197,7 @@ func raceTopicGuard(t *testing.T, isolation string) {
 			t.Fatal(err)
 		}
 		for _, id := range ids[len(ids)-free:] {
-			if err := operator.SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
+			if err := operator.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -263,7 +263,7 @@ func TestEnqueueWritesAtMostMaxTopicEndpoints(t *testing.T) {
 func messageEndpoints(f *fixture, msgs []string) ([]string, error) {
 	var out []string
 	for _, m := range msgs {
-		st, err := f.s.OutboxMessage(context.Background(), "t1", m)
+		st, err := f.s.Outbox().OutboxMessage(context.Background(), "t1", m)
 		if err != nil {
 			return nil, err
 		}

@@ -68,30 +68,30 @@ func TestEndpointAddGetSetState(t *testing.T) {
 	ctx := context.Background()
 	e := store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "task.proposals",
 		URL: "https://hooks.example.com/in", SecretRef: "prod/hooks-1"}
-	id, err := f.s.AddEndpoint(ctx, e)
+	id, err := f.s.Outbox().AddEndpoint(ctx, e)
 	if err != nil || !strings.HasPrefix(id, "ep_") {
 		t.Fatalf("AddEndpoint: %q, %v", id, err)
 	}
-	got, err := f.s.GetEndpoint(ctx, "t1", id)
+	got, err := f.s.Outbox().GetEndpoint(ctx, "t1", id)
 	if err != nil || got.ID != id || got.TenantID != "t1" || got.ProjectID != "p1" || got.Topic != e.Topic ||
 		got.URL != e.URL || got.SecretRef != e.SecretRef || got.State != store.EndpointActive ||
 		got.DisabledReason != "" || got.CreatedAt.IsZero() {
 		t.Fatalf("GetEndpoint: %+v, %v", got, err)
 	}
 
-	if err := f.s.SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatalf("disabling twice: %v", err)
 	}
-	if got, _ := f.s.GetEndpoint(ctx, "t1", id); got.State != store.EndpointDisabled || got.DisabledReason != "operator" {
+	if got, _ := f.s.Outbox().GetEndpoint(ctx, "t1", id); got.State != store.EndpointDisabled || got.DisabledReason != "operator" {
 		t.Fatalf("disabled endpoint %+v", got)
 	}
-	if err := f.s.SetEndpointState(ctx, "t1", id, store.EndpointActive, "ignored"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointActive, "ignored"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := f.s.GetEndpoint(ctx, "t1", id); got.State != store.EndpointActive || got.DisabledReason != "" {
+	if got, _ := f.s.Outbox().GetEndpoint(ctx, "t1", id); got.State != store.EndpointActive || got.DisabledReason != "" {
 		t.Fatalf("enabled endpoint %+v", got)
 	}
 
@@ -99,16 +99,16 @@ func TestEndpointAddGetSetState(t *testing.T) {
 	chosen.ID = "ep_0123456789abcdef01234567"
 	chosen.State = store.EndpointDisabled
 	chosen.DisabledReason = "operator"
-	if id, err := f.s.AddEndpoint(ctx, chosen); err != nil || id != chosen.ID {
+	if id, err := f.s.Outbox().AddEndpoint(ctx, chosen); err != nil || id != chosen.ID {
 		t.Fatalf("AddEndpoint with id: %q, %v", id, err)
 	}
-	if got, _ := f.s.GetEndpoint(ctx, "t1", chosen.ID); got.State != store.EndpointDisabled {
+	if got, _ := f.s.Outbox().GetEndpoint(ctx, "t1", chosen.ID); got.State != store.EndpointDisabled {
 		t.Fatalf("added disabled, reads %+v", got)
 	}
-	_, err = f.s.AddEndpoint(ctx, chosen)
+	_, err = f.s.Outbox().AddEndpoint(ctx, chosen)
 	wantErr(t, "id taken", err, store.ErrConflict)
 	chosen.TenantID, chosen.SecretRef = "t2", "prod/hooks-2" // a secret ref belongs to one tenant
-	if _, err := f.s.AddEndpoint(ctx, chosen); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, chosen); err != nil {
 		t.Fatalf("same id in another tenant: %v", err)
 	}
 
@@ -125,14 +125,14 @@ func TestEndpointAddGetSetState(t *testing.T) {
 	for name, mutate := range invalid {
 		bad := e
 		mutate(&bad)
-		_, err := f.s.AddEndpoint(ctx, bad)
+		_, err := f.s.Outbox().AddEndpoint(ctx, bad)
 		wantErr(t, "add with bad "+name, err, store.ErrInvalid)
 	}
-	wantErr(t, "bad state", f.s.SetEndpointState(ctx, "t1", id, "paused", ""), store.ErrInvalid)
-	wantErr(t, "bad reason", f.s.SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "x y"), store.ErrInvalid)
-	wantErr(t, "unknown id", f.s.SetEndpointState(ctx, "t1", "ep_ffffffffffffffffffffffff", store.EndpointActive, ""), store.ErrNotFound)
-	wantErr(t, "malformed id", f.s.SetEndpointState(ctx, "t1", "nope", store.EndpointActive, ""), store.ErrNotFound)
-	_, err = f.s.GetEndpoint(ctx, "t1", "ep_ffffffffffffffffffffffff")
+	wantErr(t, "bad state", f.s.Outbox().SetEndpointState(ctx, "t1", id, "paused", ""), store.ErrInvalid)
+	wantErr(t, "bad reason", f.s.Outbox().SetEndpointState(ctx, "t1", id, store.EndpointDisabled, "x y"), store.ErrInvalid)
+	wantErr(t, "unknown id", f.s.Outbox().SetEndpointState(ctx, "t1", "ep_ffffffffffffffffffffffff", store.EndpointActive, ""), store.ErrNotFound)
+	wantErr(t, "malformed id", f.s.Outbox().SetEndpointState(ctx, "t1", "nope", store.EndpointActive, ""), store.ErrNotFound)
+	_, err = f.s.Outbox().GetEndpoint(ctx, "t1", "ep_ffffffffffffffffffffffff")
 	wantErr(t, "get unknown", err, store.ErrNotFound)
 	if n := f.count(`SELECT count(*) FROM endpoints`); n != 3 {
 		t.Fatalf("%d endpoint rows, want 3", n)

@@ -32,7 +32,55 @@ var (
 	// endpoints already, so adding or enabling one more is refused (contract
 	// §8.12). Nothing was written.
 	ErrTopicFull = errors.New("store: topic has the most active endpoints allowed")
+	// ErrNotPermitted: the database role may not do this (insufficient
+	// privilege), where the caller can go on without it, as with
+	// SessionLock.TryWALCompression.
+	ErrNotPermitted = errors.New("store: not permitted for this role")
 )
+
+// Outbox answers the caller acts on (errors.Is). Like ErrConflict they are
+// answers, not failures.
+var (
+	// ErrIdempotencyConflict: the idempotency key was used with other
+	// request content (HTTP 422 idempotency_conflict).
+	ErrIdempotencyConflict = errors.New("store: idempotency conflict")
+	// ErrNoEndpoint: no active endpoint subscribes to the topic (HTTP 422
+	// no_endpoint). Nothing was stored and no sequence was taken.
+	ErrNoEndpoint = errors.New("store: no active endpoint")
+	// ErrNotDead: a replay of a message that is not dead (HTTP 409 not_dead).
+	ErrNotDead = errors.New("store: message is not dead")
+	// ErrFenced: a settle for an attempt that no longer owns the message
+	// (its lease expired and it was claimed again, or it was settled already).
+	// The row is unchanged; the worker drops its result.
+	ErrFenced = errors.New("store: attempt fenced")
+	// ErrPayloadExpired: a replay of a dead letter whose envelope body the
+	// retention-janitor deleted (HTTP 409 payload_expired, §8.9). Nothing
+	// was changed.
+	ErrPayloadExpired = errors.New("store: payload expired")
+)
+
+// ErrSchemaBehind reports a database whose schema is older than the version
+// the caller was built for: `envctl migrate` has not run yet. A newer schema
+// is not an error: migrations are additive (contract §8.1), so a binary keeps
+// working while a later release's migrate Job has already run.
+var ErrSchemaBehind = errors.New("store: schema older than this build")
+
+// errRolledBack: the server answered COMMIT with ROLLBACK (the transaction
+// had failed); it is never expected after every statement succeeded.
+var errRolledBack = errors.New("transaction rolled back at commit")
+
+// errMissingStream: a locked stream was not there to read; never expected,
+// since the lock statement creates it.
+var errMissingStream = errors.New("locked stream not found")
+
+// errLayoutUnsupported is a table that is neither one plain heap nor
+// hash-partitioned into plain heaps like its fellows: a delete by ctid
+// there could name rows nobody meant.
+var errLayoutUnsupported = errors.New("store: tables neither plain nor partitioned alike")
+
+// errProbeUnfinished is a readiness probe's result until its check returns:
+// what waiters see if the check panics.
+var errProbeUnfinished = errors.New("store: readiness probe did not finish")
 
 // sqlStateSecretRefForeign is what migration 0005's trigger on endpoints
 // raises for a secret ref another tenant owns. (Its other code, EW001, guards

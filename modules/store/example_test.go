@@ -27,23 +27,24 @@ func Example() {
 	}
 	defer st.Close()
 
-	token, id, err := st.IssueCredential(ctx, "tenant-a", "acct-1", "device-7", store.RoleDevice)
+	creds, inbound := st.Credentials(), st.Inbound() // a caller keeps the concerns it uses
+	token, id, err := creds.IssueCredential(ctx, "tenant-a", "acct-1", "device-7", store.RoleDevice)
 	if err != nil {
 		panic(err)
 	}
-	who, err := st.VerifyCredential(ctx, token) // only the token's SHA-256 is stored and looked up
+	who, err := creds.VerifyCredential(ctx, token) // only the token's SHA-256 is stored and looked up
 	fmt.Println(who.TenantID, who.DeviceID, who.Role, who.CredentialID == id, err)
-	if err := st.RevokeCredential(ctx, "tenant-a", id); err != nil {
+	if err := creds.RevokeCredential(ctx, "tenant-a", id); err != nil {
 		panic(err)
 	}
-	_, err = st.VerifyCredential(ctx, token)
+	_, err = creds.VerifyCredential(ctx, token)
 	fmt.Println("revoked:", errors.Is(err, store.ErrNotFound))
 
-	s, err := st.Stream(ctx, "tenant-a", "proj-1", "device-7") // never written: zero
+	s, err := inbound.Stream(ctx, "tenant-a", "proj-1", "device-7") // never written: zero
 	fmt.Println(s.Cursor, s.ReplayFloor, err)
-	s, err = st.SetReplayFloor(ctx, "tenant-a", "proj-1", "device-7", 10)
+	s, err = inbound.SetReplayFloor(ctx, "tenant-a", "proj-1", "device-7", 10)
 	fmt.Println(s.Cursor, s.ReplayFloor, err)
-	_, err = st.Stream(ctx, "tenant-a", "proj 1", "device-7")
+	_, err = inbound.Stream(ctx, "tenant-a", "proj 1", "device-7")
 	fmt.Println("bad id:", errors.Is(err, store.ErrInvalid))
 	// Output:
 	// tenant-a device-7 device true <nil>

@@ -1,5 +1,7 @@
 package store
 
+import "context"
+
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
 // checks, by name.
 var HotSQL = map[string]string{
@@ -55,4 +57,11 @@ func SetDigestsEqual(f func(stored, digest []byte) int) (restore func()) {
 	old := digestsEqual
 	digestsEqual = f
 	return func() { digestsEqual = old }
+}
+
+// SessionSetting reads the setting name in one of s's pooled sessions.
+func SessionSetting(ctx context.Context, s *Store, name string) (string, error) {
+	var v string
+	err := s.sqlDB().QueryRowContext(ctx, `SELECT current_setting($1)`, name).Scan(&v)
+	return v, err
 }

@@ -61,7 +61,7 @@ func BenchmarkFirstMinute(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				db := s.DB().DB
+				db := storetest.AdminDB(b, dsn)
 				for _, tbl := range planTables {
 					if _, err := db.Exec(`ALTER TABLE ` + tbl + ` SET (autovacuum_enabled = off)`); err != nil {
 						b.Fatal(err)
@@ -72,7 +72,7 @@ func BenchmarkFirstMinute(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if _, err := s.AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1",
+				if _, err := s.Outbox().AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1",
 					Topic: "bench", URL: "https://hooks.example.test/bench", SecretRef: "sec-bench"}); err != nil {
 					b.Fatal(err)
 				}
@@ -107,13 +107,13 @@ func firstMinuteHalf(b *testing.B, s *store.Store, kind string, half int) float6
 				var err error
 				if kind == "ingest" {
 					var r store.Result
-					r, err = s.Ingest(ctx, a, benchInput(0, producer, seq))
+					r, err = s.Inbound().Ingest(ctx, a, benchInput(0, producer, seq))
 					if err == nil && r.Outcome != store.OutcomeAccepted {
 						err = fmt.Errorf("ingest %s %d: %s %s", producer, seq, r.Outcome, r.Reason)
 					}
 				} else {
 					key := sha256.Sum256([]byte(fmt.Sprintf("%s-%d", producer, seq)))
-					_, err = s.Enqueue(ctx, a, store.EnqueueRequest{ProjectID: "p1", ProducerID: producer, Topic: "bench",
+					_, err = s.Outbox().Enqueue(ctx, a, store.EnqueueRequest{ProjectID: "p1", ProducerID: producer, Topic: "bench",
 						IdempotencyDigest: key, RequestDigest: key, MaxAttempts: 12,
 						Build: func(sq int64) ([]byte, string, error) {
 							return benchCanonical, fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprintf("o-%s-%d", producer, sq)))), nil

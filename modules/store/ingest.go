@@ -264,7 +264,7 @@ func (p prepared) read(br pgx.BatchResults) (Result, error) {
 // then COMMIT (a second). An error means the caller must not acknowledge;
 // only if the connection breaks after COMMIT was sent may the work have
 // committed anyway (a lost acknowledgement), and a retry answers duplicate.
-func (s *Store) Ingest(ctx context.Context, a Actor, in IngestInput) (Result, error) {
+func (s *Inbound) Ingest(ctx context.Context, a Actor, in IngestInput) (Result, error) {
 	rs, err := s.ingestBatch(ctx, "ingest", []BatchItem{{Actor: a, Ingest: &in}}, nil)
 	if err != nil {
 		return Result{}, err
@@ -273,7 +273,7 @@ func (s *Store) Ingest(ctx context.Context, a Actor, in IngestInput) (Result, er
 }
 
 // Audit commits one audit row for an answer decided before step 5.
-func (s *Store) Audit(ctx context.Context, a Actor, e AuditEntry) error {
+func (s *Inbound) Audit(ctx context.Context, a Actor, e AuditEntry) error {
 	const op = "audit"
 	p, ok := prepareRefusal(a, &e)
 	if !ok {
@@ -290,7 +290,7 @@ func (s *Store) Audit(ctx context.Context, a Actor, e AuditEntry) error {
 // cannot deadlock on stream locks. An error means nothing was acknowledged
 // (see Ingest for the one ambiguous case). An invalid item fails the whole
 // batch with ErrInvalid before any database work.
-func (s *Store) IngestBatch(ctx context.Context, items []BatchItem) ([]Result, error) {
+func (s *Inbound) IngestBatch(ctx context.Context, items []BatchItem) ([]Result, error) {
 	return s.ingestBatch(ctx, "ingest batch", items, nil)
 }
 
@@ -300,7 +300,7 @@ func (s *Store) IngestBatch(ctx context.Context, items []BatchItem) ([]Result, e
 // committing is called exactly once. A group committer uses it to decide the
 // next group while this one waits for its flush: PostgreSQL flushes the
 // commits that wait together, so the flush is shared instead of queued.
-func (s *Store) IngestBatchCommitting(ctx context.Context, items []BatchItem, committing func()) ([]Result, error) {
+func (s *Inbound) IngestBatchCommitting(ctx context.Context, items []BatchItem, committing func()) ([]Result, error) {
 	var once sync.Once
 	signal := func() { once.Do(committing) }
 	defer signal()
@@ -309,7 +309,7 @@ func (s *Store) IngestBatchCommitting(ctx context.Context, items []BatchItem, co
 
 // ingestBatch runs items; committing, when not nil, is called when only the
 // commit is left (it may be called again by a rerun; callers make it idempotent).
-func (s *Store) ingestBatch(ctx context.Context, op string, items []BatchItem, committing func()) ([]Result, error) {
+func (s *Inbound) ingestBatch(ctx context.Context, op string, items []BatchItem, committing func()) ([]Result, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -433,10 +433,6 @@ func releaseAfterError(ctx context.Context, c *pgx.Conn, err error) error {
 	}
 	return err
 }
-
-// errRolledBack: the server answered COMMIT with ROLLBACK (the transaction
-// had failed); it is never expected after every statement succeeded.
-var errRolledBack = errors.New("transaction rolled back at commit")
 
 // hexIdentity renders a stored event identity as the contract's lowercase hex.
 func hexIdentity(b []byte) string { return hex.EncodeToString(b) }

@@ -69,7 +69,7 @@ func (o *keyOps) each(what string, op func(s *store.Store) error) {
 }
 
 func (o *keyOps) add(tenant, keyID string, pub ed25519.PublicKey) {
-	o.each("add "+keyID, func(s *store.Store) error { return s.AddKey(context.Background(), tenant, keyID, pub) })
+	o.each("add "+keyID, func(s *store.Store) error { return s.Credentials().AddKey(context.Background(), tenant, keyID, pub) })
 	if o.model[tenant] == nil {
 		o.model[tenant] = map[string]struct {
 			state store.KeyState
@@ -85,9 +85,9 @@ func (o *keyOps) add(tenant, keyID string, pub ed25519.PublicKey) {
 func (o *keyOps) set(tenant, keyID string, state store.KeyState) {
 	o.each(string(state)+" "+keyID, func(s *store.Store) error {
 		if state == store.KeyRetired {
-			return s.RetireKey(context.Background(), tenant, keyID)
+			return s.Credentials().RetireKey(context.Background(), tenant, keyID)
 		}
-		return s.RevokeKey(context.Background(), tenant, keyID)
+		return s.Credentials().RevokeKey(context.Background(), tenant, keyID)
 	})
 	k := o.model[tenant][keyID]
 	k.state = state
@@ -98,7 +98,7 @@ func (o *keyOps) set(tenant, keyID string, state store.KeyState) {
 // microsecond leaves every envelope the keys signed outside it.
 func (o *keyOps) prune() {
 	o.each("prune", func(s *store.Store) error {
-		_, err := s.PruneKeys(context.Background(), time.Microsecond)
+		_, err := s.Credentials().PruneKeys(context.Background(), time.Microsecond)
 		return err
 	})
 	for _, keys := range o.model {
@@ -234,7 +234,7 @@ func raiseFloorBoth(t *testing.T, label string, r *rand.Rand, batched, single *f
 	t.Helper()
 	tenant, producer, floor := []string{"t1", "t2"}[r.IntN(2)], fmt.Sprintf("d%d", 1+r.IntN(3)), int64(r.IntN(6))
 	for _, f := range []*fixture{batched, single} {
-		if _, err := f.s.SetReplayFloor(context.Background(), tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.s.Inbound().SetReplayFloor(context.Background(), tenant, "p1", producer, floor); err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("%s: SetReplayFloor: %v", label, err)
 		}
 	}
@@ -247,7 +247,7 @@ func raiseFloorBoth(t *testing.T, label string, r *rand.Rand, batched, single *f
 func ingestBoth(t *testing.T, label string, batched, single *fixture, items []store.BatchItem) []store.Result {
 	t.Helper()
 	ctx := context.Background()
-	got, err := batched.s.IngestBatch(ctx, items)
+	got, err := batched.s.Inbound().IngestBatch(ctx, items)
 	if err != nil {
 		t.Fatalf("%s: IngestBatch: %v", label, err)
 	}
@@ -257,7 +257,7 @@ func ingestBoth(t *testing.T, label string, batched, single *fixture, items []st
 	for i, it := range items {
 		var want store.Result
 		if it.Refusal != nil {
-			if err := single.s.Audit(ctx, it.Actor, *it.Refusal); err != nil {
+			if err := single.s.Inbound().Audit(ctx, it.Actor, *it.Refusal); err != nil {
 				t.Fatal(err)
 			}
 			want = store.Result{Outcome: store.Outcome(it.Refusal.Outcome), Reason: it.Refusal.Reason}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -238,10 +237,6 @@ func (b *setBatch) readState(br pgx.BatchResults) (map[streamKey]*streamState, [
 	rows.Close()
 	return states, fs, rows.Err()
 }
-
-// errMissingStream: a locked stream was not there to read; never expected,
-// since the lock statement creates it.
-var errMissingStream = errors.New("locked stream not found")
 
 // decide answers every item in order, as if each were sent alone after the
 // ones before it, and returns the results with the write statement's

@@ -39,7 +39,7 @@ func TestIngestOutcomesAndAudit(t *testing.T) {
 	}
 	for _, st := range steps {
 		before := f.tableCounts()
-		r, err := f.s.Ingest(ctx, a, st.in)
+		r, err := f.s.Inbound().Ingest(ctx, a, st.in)
 		if err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
@@ -66,7 +66,7 @@ func TestIngestOutcomesAndAudit(t *testing.T) {
 	}
 
 	// below_replay_floor: raise the floor past the held sequences.
-	if _, err := f.s.SetReplayFloor(ctx, "t1", "p1", "d1", 5); err != nil {
+	if _, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", "d1", 5); err != nil {
 		t.Fatal(err)
 	}
 	before := f.tableCounts()
@@ -85,7 +85,7 @@ func TestIngestPrecedence(t *testing.T) {
 	a := actor("t1", "d1")
 	mustIngest(t, f.s, a, ev("e1", 1).input())
 	mustIngest(t, f.s, a, ev("e2", 2).input())
-	if _, err := f.s.SetReplayFloor(ctx, "t1", "p1", "d1", 10); err != nil {
+	if _, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", "d1", 10); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -160,7 +160,7 @@ func TestIngestDuplicateAfterPayloadExpired(t *testing.T) {
 	in := ev("e1", 1).input()
 	in.ExpiresAt = time.Now().Add(-time.Second)
 	mustIngest(t, f.s, a, in)
-	if n, err := f.s.DeleteExpiredPayloads(ctx, time.Now(), 10); err != nil || n != 1 {
+	if n, err := f.s.Retention().DeleteExpiredPayloads(ctx, time.Now(), 10); err != nil || n != 1 {
 		t.Fatalf("DeleteExpiredPayloads = %d, %v", n, err)
 	}
 	if r := mustIngest(t, f.s, a, in); r.Outcome != store.OutcomeDuplicate || r.Cursor != 1 {
@@ -198,7 +198,7 @@ func TestIngestRefusesInvalidInput(t *testing.T) {
 	for name, mutate := range cases {
 		aa, in := a, good
 		mutate(&aa, &in)
-		_, err := f.s.Ingest(ctx, aa, in)
+		_, err := f.s.Inbound().Ingest(ctx, aa, in)
 		if !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
 		}
@@ -222,10 +222,10 @@ func TestAuditRefusal(t *testing.T) {
 	ctx := context.Background()
 	a := actor("t1", "d1")
 	ident := ev("e1", 1).identity()
-	if err := f.s.Audit(ctx, a, store.AuditEntry{ProjectID: "p1", EventIdentity: ident, Outcome: "refused", Reason: "bad_signature"}); err != nil {
+	if err := f.s.Inbound().Audit(ctx, a, store.AuditEntry{ProjectID: "p1", EventIdentity: ident, Outcome: "refused", Reason: "bad_signature"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.Audit(ctx, a, store.AuditEntry{Outcome: "refused", Reason: "forbidden"}); err != nil {
+	if err := f.s.Inbound().Audit(ctx, a, store.AuditEntry{Outcome: "refused", Reason: "forbidden"}); err != nil {
 		t.Fatal(err)
 	}
 	rows := f.audit("t1")
@@ -241,11 +241,11 @@ func TestAuditRefusal(t *testing.T) {
 		"bad identity":     {Outcome: "refused", EventIdentity: "zz"},
 	}
 	for name, e := range bad {
-		if err := f.s.Audit(ctx, a, e); !errors.Is(err, store.ErrInvalid) {
+		if err := f.s.Inbound().Audit(ctx, a, e); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	if err := f.s.Audit(ctx, store.Actor{}, store.AuditEntry{Outcome: "refused"}); !errors.Is(err, store.ErrInvalid) {
+	if err := f.s.Inbound().Audit(ctx, store.Actor{}, store.AuditEntry{Outcome: "refused"}); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("no tenant: %v, want ErrInvalid", err)
 	}
 	if n := len(f.audit("t1")); n != 2 {

@@ -21,14 +21,14 @@ func TestProducerKeyGuard(t *testing.T) {
 	ctx := context.Background()
 	operator := openRole(t, f.dsn, roleOperator)
 	for _, k := range []string{"active", "retired", "revoked", "fwd"} {
-		if err := f.s.AddKey(ctx, "t1", k, newKey(t)); err != nil {
+		if err := f.s.Credentials().AddKey(ctx, "t1", k, newKey(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := f.s.RetireKey(ctx, "t1", "retired"); err != nil {
+	if err := f.s.Credentials().RetireKey(ctx, "t1", "retired"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.RevokeKey(ctx, "t1", "revoked"); err != nil {
+	if err := f.s.Credentials().RevokeKey(ctx, "t1", "revoked"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -80,13 +80,13 @@ func TestProducerKeyGuard(t *testing.T) {
 	}
 	// And through the store: revoking twice, and a retire of a revoked key
 	// (ErrConflict from the store, before the trigger).
-	if err := f.s.RevokeKey(ctx, "t1", "revoked"); err != nil {
+	if err := f.s.Credentials().RevokeKey(ctx, "t1", "revoked"); err != nil {
 		t.Fatalf("revoke twice: %v", err)
 	}
-	if err := f.s.RevokeKey(ctx, "t1", "retired"); err != nil {
+	if err := f.s.Credentials().RevokeKey(ctx, "t1", "retired"); err != nil {
 		t.Fatalf("revoke a retired key: %v", err)
 	}
-	if err := f.s.RetireKey(ctx, "t1", "active"); err != nil {
+	if err := f.s.Credentials().RetireKey(ctx, "t1", "active"); err != nil {
 		t.Fatalf("retire: %v", err)
 	}
 }

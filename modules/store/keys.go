@@ -36,7 +36,7 @@ ON CONFLICT (tenant_id, key_id) DO NOTHING`
 // AddKey registers an active key. A key that is not 32 bytes, not a canonical
 // point encoding or of small order is ErrInvalid; an existing key id in the
 // tenant (whatever its state) is ErrConflict.
-func (s *Store) AddKey(ctx context.Context, tenant, keyID string, pub ed25519.PublicKey) error {
+func (s *Credentials) AddKey(ctx context.Context, tenant, keyID string, pub ed25519.PublicKey) error {
 	const op = "add key"
 	if !validIdentity(tenant, keyID) {
 		return newErr(op, ErrInvalid)
@@ -63,7 +63,7 @@ SELECT public_key, state, created_at, retired_at, revoked_at
 FROM producer_keys WHERE tenant_id = $1 AND key_id = $2`
 
 // LookupKey resolves a key id inside a tenant; ErrNotFound when unknown.
-func (s *Store) LookupKey(ctx context.Context, tenant, keyID string) (Key, error) {
+func (s *Credentials) LookupKey(ctx context.Context, tenant, keyID string) (Key, error) {
 	const op = "lookup key"
 	if !validIdentity(tenant, keyID) {
 		// Not ErrInvalid: an id the contract would refuse cannot be registered,
@@ -107,7 +107,7 @@ SELECT state FROM cur`
 // RetireKey moves an active key to retired: it keeps verifying envelopes
 // issued up to now. Retiring a retired key is a no-op; a revoked key is
 // ErrConflict (revocation is final); an unknown key is ErrNotFound.
-func (s *Store) RetireKey(ctx context.Context, tenant, keyID string) error {
+func (s *Credentials) RetireKey(ctx context.Context, tenant, keyID string) error {
 	const op = "retire key"
 	if !validIdentity(tenant, keyID) {
 		return newErr(op, ErrInvalid)
@@ -131,7 +131,7 @@ WHERE tenant_id = $1 AND key_id = $2`
 
 // RevokeKey makes a key verify only exact duplicates of what it signed.
 // Revoking twice is a no-op; an unknown key is ErrNotFound.
-func (s *Store) RevokeKey(ctx context.Context, tenant, keyID string) error {
+func (s *Credentials) RevokeKey(ctx context.Context, tenant, keyID string) error {
 	const op = "revoke key"
 	if !validIdentity(tenant, keyID) {
 		return newErr(op, ErrInvalid)
@@ -164,7 +164,7 @@ WHERE k.state IN ('retired', 'revoked')
 
 // PruneKeys deletes retired and revoked keys none of whose envelopes was
 // issued within replayWindow of now (a key that signed nothing goes at once).
-func (s *Store) PruneKeys(ctx context.Context, replayWindow time.Duration) (int, error) {
+func (s *Credentials) PruneKeys(ctx context.Context, replayWindow time.Duration) (int, error) {
 	const op = "prune keys"
 	if replayWindow <= 0 {
 		return 0, newErr(op, ErrInvalid)
@@ -191,7 +191,7 @@ SELECT coalesce((
 // SignedBy reports whether the tenant holds exactly this envelope (identity
 // and content digest) signed by keyID: the only thing a revoked key may still
 // verify (step 3), so that the resend ends as a duplicate at step 5.
-func (s *Store) SignedBy(ctx context.Context, tenant, eventIdentity string, contentDigest [32]byte, keyID string) (bool, error) {
+func (s *Credentials) SignedBy(ctx context.Context, tenant, eventIdentity string, contentDigest [32]byte, keyID string) (bool, error) {
 	const op = "signed by"
 	ev, ok := decodeEventIdentity(eventIdentity)
 	if !ok || !validIdentity(tenant, keyID) {

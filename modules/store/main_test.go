@@ -27,7 +27,7 @@ func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
 	s := storetest.Open(t, dsn)
-	return &fixture{t: t, dsn: dsn, s: s, admin: s.DB().DB}
+	return &fixture{t: t, dsn: dsn, s: s, admin: storetest.AdminDB(t, dsn)}
 }
 
 func (f *fixture) count(query string, args ...any) int {
@@ -56,7 +56,7 @@ func (f *fixture) tableCounts() [4]int {
 
 func (f *fixture) audit(tenant string) []store.AuditRecord {
 	f.t.Helper()
-	rs, err := f.s.ListAudit(context.Background(), store.AuditFilter{TenantID: tenant, Limit: store.MaxAuditLimit})
+	rs, err := f.s.Inbound().ListAudit(context.Background(), store.AuditFilter{TenantID: tenant, Limit: store.MaxAuditLimit})
 	if err != nil {
 		f.t.Fatalf("ListAudit: %v", err)
 	}
@@ -115,7 +115,7 @@ func ev(eventID string, seq int64) env {
 
 func mustIngest(t testing.TB, s *store.Store, a store.Actor, in store.IngestInput) store.Result {
 	t.Helper()
-	r, err := s.Ingest(context.Background(), a, in)
+	r, err := s.Inbound().Ingest(context.Background(), a, in)
 	if err != nil {
 		t.Fatalf("Ingest(seq %d): %v", in.Sequence, err)
 	}

@@ -153,7 +153,7 @@ func TestMigration0008OnAPopulatedDatabase(t *testing.T) {
 	go func() {
 		defer close(done)
 		for {
-			cs, err := s.Claim(ctx, "t1", store.MaxClaim, time.Minute)
+			cs, err := s.Outbox().Claim(ctx, "t1", store.MaxClaim, time.Minute)
 			if err != nil {
 				t.Errorf("claim: %v", err)
 				return
@@ -170,7 +170,7 @@ func TestMigration0008OnAPopulatedDatabase(t *testing.T) {
 				}
 				ss = append(ss, store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered})
 			}
-			if _, err := s.SettleBatch(ctx, "t1", ss); err != nil {
+			if _, err := s.Outbox().SettleBatch(ctx, "t1", ss); err != nil {
 				t.Errorf("deliver: %v", err)
 				return
 			}
@@ -182,7 +182,7 @@ func TestMigration0008OnAPopulatedDatabase(t *testing.T) {
 		var cur store.BackfillCursor
 		left := 0
 		for {
-			st, err := s.BackfillBodies(ctx, cur, store.MaxBackfillBatch, time.Hour)
+			st, err := s.Retention().BackfillBodies(ctx, cur, store.MaxBackfillBatch, time.Hour)
 			if err != nil {
 				t.Fatal(err)
 			}

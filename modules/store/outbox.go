@@ -42,27 +42,6 @@ import (
 	"time"
 )
 
-// Outbox answers the caller acts on (errors.Is). Like ErrConflict they are
-// answers, not failures.
-var (
-	// ErrIdempotencyConflict: the idempotency key was used with other
-	// request content (HTTP 422 idempotency_conflict).
-	ErrIdempotencyConflict = errors.New("store: idempotency conflict")
-	// ErrNoEndpoint: no active endpoint subscribes to the topic (HTTP 422
-	// no_endpoint). Nothing was stored and no sequence was taken.
-	ErrNoEndpoint = errors.New("store: no active endpoint")
-	// ErrNotDead: a replay of a message that is not dead (HTTP 409 not_dead).
-	ErrNotDead = errors.New("store: message is not dead")
-	// ErrFenced: a settle for an attempt that no longer owns the message
-	// (its lease expired and it was claimed again, or it was settled already).
-	// The row is unchanged; the worker drops its result.
-	ErrFenced = errors.New("store: attempt fenced")
-	// ErrPayloadExpired: a replay of a dead letter whose envelope body the
-	// retention-janitor deleted (HTTP 409 payload_expired, §8.9). Nothing
-	// was changed.
-	ErrPayloadExpired = errors.New("store: payload expired")
-)
-
 // Outbox bounds.
 const (
 	MinMaxAttempts     = 1
@@ -165,7 +144,7 @@ type EnqueueResult struct {
 // every earlier commit. The same key from another producer of the project is
 // a race the lock does not cover: the unique index refuses the second, and
 // the rerun transaction answers it as a repeat or conflict.
-func (s *Store) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
+func (s *Outbox) Enqueue(ctx context.Context, a Actor, r EnqueueRequest) (EnqueueResult, error) {
 	const op = "enqueue"
 	answers, err := s.EnqueueBatch(ctx, []EnqueueItem{{Actor: a, Request: r}})
 	if err != nil {
@@ -222,7 +201,7 @@ FROM outbox_messages m WHERE m.tenant_id = $1 AND m.message_id = $2`
 
 // OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
 // other tenants' ids are all ErrNotFound.
-func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageStatus, error) {
+func (s *Outbox) OutboxMessage(ctx context.Context, tenant, id string) (MessageStatus, error) {
 	const op = "outbox message"
 	if !validIdentity(tenant) {
 		return MessageStatus{}, newErr(op, ErrInvalid)

@@ -69,7 +69,7 @@ WHERE m.tenant_id = $1 AND m.message_id = $2`
 // one message of tenant, oldest first (empty, not nil, when none is).
 // Unknown ids, malformed ids and other tenants' ids are all ErrNotFound, as
 // in OutboxMessage.
-func (s *Store) OutboxAttempts(ctx context.Context, tenant, id string) ([]Attempt, error) {
+func (s *Outbox) OutboxAttempts(ctx context.Context, tenant, id string) ([]Attempt, error) {
 	const op = "outbox attempts"
 	if !validIdentity(tenant) {
 		return nil, newErr(op, ErrInvalid)

@@ -11,7 +11,7 @@ import (
 
 func (f *fixture) attempts(tenant, id string) []store.Attempt {
 	f.t.Helper()
-	as, err := f.s.OutboxAttempts(context.Background(), tenant, id)
+	as, err := f.s.Outbox().OutboxAttempts(context.Background(), tenant, id)
 	if err != nil {
 		f.t.Fatalf("OutboxAttempts: %v", err)
 	}
@@ -50,7 +50,7 @@ func TestSettlesRecordTheirAttempts(t *testing.T) {
 		{MessageID: last[0], Attempt: 1, Outcome: store.SettleRetry, Next: later, Code: store.CodeHTTP5xx, StartedAt: started, Duration: 0, HTTPStatus: 503},
 		{MessageID: plain[3], Attempt: 2, Outcome: store.SettleDelivered, StartedAt: started, HTTPStatus: 200}, // fenced
 	}
-	rs, err := f.s.SettleBatch(ctx, "t1", batch)
+	rs, err := f.s.Outbox().SettleBatch(ctx, "t1", batch)
 	if err != nil || rs[0] != nil || rs[1] != nil || rs[2] != nil || rs[3] != nil || !errors.Is(rs[4], store.ErrFenced) {
 		t.Fatalf("SettleBatch: %v, %v", rs, err)
 	}
@@ -78,7 +78,7 @@ func TestSettlesRecordTheirAttempts(t *testing.T) {
 	// The single Mark* calls record the attempt with the database's timing:
 	// from the claim to the settle.
 	before := time.Now()
-	if err := f.s.MarkDelivered(ctx, "t1", plain[3], 1); err != nil {
+	if err := f.s.Outbox().MarkDelivered(ctx, "t1", plain[3], 1); err != nil {
 		t.Fatal(err)
 	}
 	as := f.attempts("t1", plain[3])
@@ -86,7 +86,7 @@ func TestSettlesRecordTheirAttempts(t *testing.T) {
 		as[0].StartedAt.After(before) || as[0].Duration < 0 || as[0].Duration > time.Minute {
 		t.Fatalf("MarkDelivered's attempt: %+v", as)
 	}
-	if err := f.s.MarkDelivered(ctx, "t1", plain[3], 1); !errors.Is(err, store.ErrFenced) {
+	if err := f.s.Outbox().MarkDelivered(ctx, "t1", plain[3], 1); !errors.Is(err, store.ErrFenced) {
 		t.Fatalf("second settle: %v", err)
 	}
 	if n := f.count(`SELECT count(*) FROM outbox_attempts WHERE message_id = $1`, plain[3]); n != 1 {
@@ -98,7 +98,7 @@ func TestSettlesRecordTheirAttempts(t *testing.T) {
 		"status 600":        {MessageID: plain[0], Attempt: 1, Outcome: store.SettleDelivered, StartedAt: started, HTTPStatus: 600},
 		"negative duration": {MessageID: plain[0], Attempt: 1, Outcome: store.SettleDelivered, StartedAt: started, Duration: -time.Millisecond},
 	} {
-		_, err := f.s.SettleBatch(ctx, "t1", []store.Settlement{st})
+		_, err := f.s.Outbox().SettleBatch(ctx, "t1", []store.Settlement{st})
 		wantErr(t, name, err, store.ErrInvalid)
 	}
 }
@@ -115,7 +115,7 @@ func TestLeaseExpiriesAreRecordedAttempts(t *testing.T) {
 	o.maxAttempts = 2
 	id := f.enqueue(actor("t1", "svc1"), o).MessageIDs[0]
 	const lease = 90 * time.Second
-	first, err := f.s.Claim(ctx, "t1", 10, lease)
+	first, err := f.s.Outbox().Claim(ctx, "t1", 10, lease)
 	if err != nil || len(first) != 1 {
 		t.Fatalf("claim: %+v, %v", first, err)
 	}
@@ -127,7 +127,7 @@ func TestLeaseExpiriesAreRecordedAttempts(t *testing.T) {
 	if _, err := f.admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '1 second' WHERE message_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	second, err := f.s.Claim(ctx, "t1", 10, lease)
+	second, err := f.s.Outbox().Claim(ctx, "t1", 10, lease)
 	if err != nil || len(second) != 1 || second[0].Attempt != 2 {
 		t.Fatalf("re-claim: %+v, %v", second, err)
 	}
@@ -137,7 +137,7 @@ func TestLeaseExpiriesAreRecordedAttempts(t *testing.T) {
 		t.Fatalf("after the re-claim: %+v; want attempt 1 lease_expired from %v for %v", as, claimedAt, lease)
 	}
 	// A stale settle of attempt 1 records nothing more.
-	if err := f.s.MarkDelivered(ctx, "t1", id, 1); !errors.Is(err, store.ErrFenced) {
+	if err := f.s.Outbox().MarkDelivered(ctx, "t1", id, 1); !errors.Is(err, store.ErrFenced) {
 		t.Fatalf("stale settle: %v", err)
 	}
 	f.expireLease("t1", id) // a lease cut short: recorded as lasting 0, never negative
@@ -150,14 +150,14 @@ func TestLeaseExpiriesAreRecordedAttempts(t *testing.T) {
 		t.Fatalf("after the last lease expired: %+v, %+v", as, f.status("t1", id))
 	}
 	// A replay keeps the history and adds to it.
-	if _, err := f.s.ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
+	if _, err := f.s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
 		t.Fatal(err)
 	}
 	c := f.claim("t1", 10)
 	if len(c) != 1 || c[0].Attempt != 3 {
 		t.Fatalf("claim after replay: %+v", c)
 	}
-	if err := f.s.MarkDead(ctx, "t1", id, 3, store.CodeHTTP4xx, false); err != nil {
+	if err := f.s.Outbox().MarkDead(ctx, "t1", id, 3, store.CodeHTTP4xx, false); err != nil {
 		t.Fatal(err)
 	}
 	as = f.attempts("t1", id)
@@ -193,9 +193,9 @@ func TestOutboxAttemptsReadAndIsolation(t *testing.T) {
 	for name, c := range map[string]struct{ tenant, id string }{
 		"unknown": {"t1", "msg_000000000000000000000000"}, "other tenant": {"t2", id}, "malformed": {"t1", "1; drop"},
 	} {
-		_, err := f.s.OutboxAttempts(ctx, c.tenant, c.id)
+		_, err := f.s.Outbox().OutboxAttempts(ctx, c.tenant, c.id)
 		wantErr(t, name, err, store.ErrNotFound)
 	}
-	_, err := f.s.OutboxAttempts(ctx, "", id)
+	_, err := f.s.Outbox().OutboxAttempts(ctx, "", id)
 	wantErr(t, "bad tenant", err, store.ErrInvalid)
 }

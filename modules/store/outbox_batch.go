@@ -146,21 +146,21 @@ type EnqueueAnswer struct {
 // builds of different items at once on every core (see decide); an item's
 // Build may run again if the transaction is rerun after losing a race, or if
 // an earlier item's Build failed and moved its sequence.
-func (s *Store) EnqueueBatch(ctx context.Context, items []EnqueueItem) ([]EnqueueAnswer, error) {
+func (s *Outbox) EnqueueBatch(ctx context.Context, items []EnqueueItem) ([]EnqueueAnswer, error) {
 	return s.enqueueBatch(ctx, items, nil)
 }
 
 // EnqueueBatchCommitting is EnqueueBatch that calls committing once, when
 // every item is decided and built and only the write and commit are left (or,
 // if it fails sooner, before it returns); see IngestBatchCommitting.
-func (s *Store) EnqueueBatchCommitting(ctx context.Context, items []EnqueueItem, committing func()) ([]EnqueueAnswer, error) {
+func (s *Outbox) EnqueueBatchCommitting(ctx context.Context, items []EnqueueItem, committing func()) ([]EnqueueAnswer, error) {
 	var once sync.Once
 	signal := func() { once.Do(committing) }
 	defer signal()
 	return s.enqueueBatch(ctx, items, signal)
 }
 
-func (s *Store) enqueueBatch(ctx context.Context, items []EnqueueItem, committing func()) ([]EnqueueAnswer, error) {
+func (s *Outbox) enqueueBatch(ctx context.Context, items []EnqueueItem, committing func()) ([]EnqueueAnswer, error) {
 	const op = "enqueue batch"
 	if len(items) == 0 {
 		return nil, nil

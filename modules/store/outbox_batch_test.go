@@ -41,7 +41,7 @@ func TestEnqueueBatchAnswersAsOneByOne(t *testing.T) {
 		{actor("t1", "svc2"), other.request()},                      // 7 new, svc2 seq 1
 		{actor("t1", "svc1"), out("k-b", `{"n":3}`).request()},      // 8 new, seq 3
 	}
-	as, err := f.s.EnqueueBatch(ctx, items)
+	as, err := f.s.Outbox().EnqueueBatch(ctx, items)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestEnqueueBatchOfRefusalsStoresNothing(t *testing.T) {
 	f := newFixture(t)
 	o := out("k-1", `{}`)
 	o.topic = "task.none"
-	as, err := f.s.EnqueueBatch(context.Background(), []store.EnqueueItem{{actor("t1", "svc1"), o.request()}})
+	as, err := f.s.Outbox().EnqueueBatch(context.Background(), []store.EnqueueItem{{actor("t1", "svc1"), o.request()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestEnqueueBatchOfRefusalsStoresNothing(t *testing.T) {
 	if f.count(`SELECT count(*) FROM outbound_streams`) != 0 || o.builds.Load() != 0 {
 		t.Fatal("a refused batch created a stream or built an envelope")
 	}
-	_, err = f.s.EnqueueBatch(context.Background(), make([]store.EnqueueItem, store.MaxEnqueueBatch+1))
+	_, err = f.s.Outbox().EnqueueBatch(context.Background(), make([]store.EnqueueItem, store.MaxEnqueueBatch+1))
 	wantErr(t, "oversized batch", err, store.ErrInvalid)
 }
 
@@ -119,12 +119,12 @@ func TestEnqueueBatchMatchesOneByOne(t *testing.T) {
 			}
 			items[i] = store.EnqueueItem{Actor: actor(tenant, o.producer), Request: o.request()}
 		}
-		got, err := batch.s.EnqueueBatch(context.Background(), items)
+		got, err := batch.s.Outbox().EnqueueBatch(context.Background(), items)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, it := range items {
-			want, werr := single.s.Enqueue(context.Background(), it.Actor, it.Request)
+			want, werr := single.s.Outbox().Enqueue(context.Background(), it.Actor, it.Request)
 			if !sameErr(got[i].Err, werr) || got[i].Result.Created != want.Created ||
 				len(got[i].Result.MessageIDs) != len(want.MessageIDs) {
 				t.Fatalf("round %d item %d: batch %+v / %v, one by one %+v / %v", round, i, got[i].Result, got[i].Err, want, werr)
@@ -174,7 +174,7 @@ func TestEnqueueBatchConcurrentSequencesContiguous(t *testing.T) {
 			for i := range items {
 				items[i] = store.EnqueueItem{Actor: actor("t1", "svc1"), Request: out(fmt.Sprintf("k-%d-%d", w, i), `{}`).request()}
 			}
-			as, err := f.s.EnqueueBatch(context.Background(), items)
+			as, err := f.s.Outbox().EnqueueBatch(context.Background(), items)
 			if err == nil {
 				for _, a := range as {
 					if a.Err != nil || !a.Result.Created {
@@ -211,7 +211,7 @@ func TestEnqueueBatchBuildsEachOnce(t *testing.T) {
 		outs[i] = out(fmt.Sprintf("k-%d", i), `{}`)
 		items[i] = store.EnqueueItem{Actor: actor("t1", "svc1"), Request: outs[i].request()}
 	}
-	as, err := f.s.EnqueueBatch(context.Background(), items)
+	as, err := f.s.Outbox().EnqueueBatch(context.Background(), items)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,7 +25,7 @@ const benchOutboxMessages = 10_000
 // one SettleBatch per claim. It is the raw-SQL baseline for the worker's
 // throughput; rows/s counts settled messages.
 func BenchmarkOutboxClaimSettle(b *testing.B) {
-	s := benchStore(b)
+	s, admin := benchStore(b)
 	ctx := context.Background()
 	tenant := fmt.Sprintf("bench-outbox-%d", time.Now().UnixNano()%1e9)
 	seedOutbox(b, s, tenant)
@@ -38,7 +39,7 @@ func BenchmarkOutboxClaimSettle(b *testing.B) {
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				resetOutbox(b, s, tenant)
+				resetOutbox(b, admin, tenant)
 				b.StartTimer()
 				start := time.Now()
 				rows += drainOutbox(ctx, b, s, tenant, c.claimers, c.batch)
@@ -59,14 +60,14 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 	ctx := context.Background()
 	topics := []string{"bench-a", "bench-b"}
 	for i := 0; i < 100; i++ {
-		if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: topics[i%2],
+		if _, err := s.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: topics[i%2],
 			URL: "https://hooks.example.test/", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 			b.Fatal(err)
 		}
 	}
 	body := make([]byte, 512)
 	for i := 0; i < benchOutboxMessages/50; i++ {
-		_, err := s.Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "bench"}, store.EnqueueRequest{
+		_, err := s.Outbox().Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "bench"}, store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: topics[i%2], MaxAttempts: 12,
 			IdempotencyDigest: sha256.Sum256([]byte(fmt.Sprint(i))), RequestDigest: sha256.Sum256([]byte(fmt.Sprint(i))),
 			Build: func(seq int64) ([]byte, string, error) {
@@ -87,9 +88,8 @@ func seedOutbox(b *testing.B, s *store.Store, tenant string) {
 // history (attempts count from 1 again, and each settle must write its row
 // as on a first delivery) and vacuums, so each iteration starts from the
 // same table shape.
-func resetOutbox(b *testing.B, s *store.Store, tenant string) {
+func resetOutbox(b *testing.B, db *sql.DB, tenant string) {
 	b.Helper()
-	db := s.DB().DB
 	if _, err := db.Exec(`UPDATE outbox_messages SET status = 'pending', attempts = 0, next_attempt_at = now(),
 		lease_expires_at = NULL, delivered_at = NULL, updated_at = now() WHERE tenant_id = $1`, tenant); err != nil {
 		b.Fatal(err)
@@ -111,7 +111,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 		go func() {
 			defer wg.Done()
 			for {
-				cs, err := s.Claim(ctx, tenant, store.MaxClaim, time.Minute)
+				cs, err := s.Outbox().Claim(ctx, tenant, store.MaxClaim, time.Minute)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -127,7 +127,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 						ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
 							StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: 204}
 					}
-					rs, err := s.SettleBatch(ctx, tenant, ss)
+					rs, err := s.Outbox().SettleBatch(ctx, tenant, ss)
 					if err == nil {
 						err = errors.Join(rs...)
 					}
@@ -137,7 +137,7 @@ func drainOutbox(ctx context.Context, b *testing.B, s *store.Store, tenant strin
 					}
 				} else {
 					for _, c := range cs {
-						if err := s.MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
+						if err := s.Outbox().MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
 							failed.Store(err)
 							return
 						}

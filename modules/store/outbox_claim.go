@@ -39,7 +39,7 @@ LIMIT $1`
 // DueTenants returns up to limit (1..MaxDueTenants) tenants that have
 // claimable messages, oldest due first. It reads every due message (cost
 // grows with the backlog, not the table); call it once per polling round.
-func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
+func (s *Outbox) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	const op = "due tenants"
 	if limit < 1 || limit > MaxDueTenants {
 		return nil, newErr(op, ErrInvalid)
@@ -161,7 +161,7 @@ LEFT JOIN LATERAL (
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
 // returned messages are in no particular order.
-func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
+func (s *Outbox) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
 	const op = "claim"
 	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
 		return nil, newErr(op, ErrInvalid)
@@ -199,7 +199,7 @@ SELECT count(*), coalesce((extract(epoch FROM now() - min(m.next_attempt_at)) * 
 
 // OutboxStats counts claimable messages and the age of the oldest, for
 // metrics (no tenant breakdown: tenant ids are not metric labels).
-func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
+func (s *Outbox) OutboxStats(ctx context.Context) (OutboxStats, error) {
 	const op = "outbox stats"
 	var st OutboxStats
 	var micros int64

@@ -17,7 +17,7 @@ func (f *fixture) pageAll(tenant, project string, limit int) (ids []string, page
 	f.t.Helper()
 	after := ""
 	for {
-		dl, next, err := f.s.ListDeadLetters(context.Background(), tenant, project, limit, after)
+		dl, next, err := f.s.Outbox().ListDeadLetters(context.Background(), tenant, project, limit, after)
 		if err != nil {
 			f.t.Fatalf("ListDeadLetters: %v", err)
 		}
@@ -90,7 +90,7 @@ func TestDeadLettersPagingAndScoping(t *testing.T) {
 		t.Fatalf("tenant t3: %d dead letters, want none", len(got))
 	}
 
-	dl, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", 1, "")
+	dl, _, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", 1, "")
 	if err != nil || len(dl) != 1 {
 		t.Fatal(err)
 	}
@@ -101,11 +101,11 @@ func TestDeadLettersPagingAndScoping(t *testing.T) {
 	}
 
 	// A cursor from tenant t1 positions only; it never shows t1's rows to t2.
-	_, next, err := f.s.ListDeadLetters(ctx, "t1", "p1", 1, "")
+	_, next, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", 1, "")
 	if err != nil || next == nil {
 		t.Fatal(err)
 	}
-	if dl, _, err := f.s.ListDeadLetters(ctx, "t2", "p1", 100, *next); err != nil {
+	if dl, _, err := f.s.Outbox().ListDeadLetters(ctx, "t2", "p1", 100, *next); err != nil {
 		t.Fatal(err)
 	} else {
 		for _, d := range dl {
@@ -132,7 +132,7 @@ func TestDeadLettersPagingAndScoping(t *testing.T) {
 		"padded base64":    {"t1", "p1", 10, enc("1.msg_000000000000000000000000") + "=="},
 		"oversized cursor": {"t1", "p1", 10, strings.Repeat("A", 200)},
 	} {
-		_, _, err := f.s.ListDeadLetters(ctx, c.tenant, c.project, c.limit, c.after)
+		_, _, err := f.s.Outbox().ListDeadLetters(ctx, c.tenant, c.project, c.limit, c.after)
 		wantErr(t, name, err, store.ErrInvalid)
 	}
 }
@@ -151,31 +151,31 @@ func TestDeadLetterReplay(t *testing.T) {
 	}
 	op := actor("t1", "op1")
 
-	_, err := f.s.ReplayDeadLetter(ctx, op, id)
+	_, err := f.s.Outbox().ReplayDeadLetter(ctx, op, id)
 	wantErr(t, "replay pending", err, store.ErrNotDead)
-	_, err = f.s.ReplayDeadLetter(ctx, op, "msg_000000000000000000000000")
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, op, "msg_000000000000000000000000")
 	wantErr(t, "replay unknown", err, store.ErrNotFound)
-	_, err = f.s.ReplayDeadLetter(ctx, op, "not-an-id")
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, op, "not-an-id")
 	wantErr(t, "replay malformed id", err, store.ErrNotFound)
-	_, err = f.s.ReplayDeadLetter(ctx, store.Actor{TenantID: "t1", CorrelationID: "bad id!"}, id)
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, store.Actor{TenantID: "t1", CorrelationID: "bad id!"}, id)
 	wantErr(t, "replay bad actor", err, store.ErrInvalid)
 
 	for attempt := 1; attempt <= 2; attempt++ {
 		c := f.claim("t1", 1)[0]
-		if err := f.s.MarkRetry(ctx, "t1", id, c.Attempt, time.Now().Add(-time.Second), store.CodeHTTP5xx); err != nil {
+		if err := f.s.Outbox().MarkRetry(ctx, "t1", id, c.Attempt, time.Now().Add(-time.Second), store.CodeHTTP5xx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if m := f.status("t1", id); m.Status != store.StatusDead {
 		t.Fatalf("not dead after its budget: %+v", m)
 	}
-	_, err = f.s.ReplayDeadLetter(ctx, actor("t2", "op1"), id)
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, actor("t2", "op1"), id)
 	wantErr(t, "replay by other tenant", err, store.ErrNotFound)
 	if n := f.count(`SELECT count(*) FROM audit_events`); n != 0 {
 		t.Fatalf("refused replays wrote %d audit rows", n)
 	}
 
-	m, err := f.s.ReplayDeadLetter(ctx, op, id)
+	m, err := f.s.Outbox().ReplayDeadLetter(ctx, op, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestDeadLetterReplay(t *testing.T) {
 	if n := f.count(`SELECT max_attempts FROM outbox_messages WHERE message_id = $1`, id); n != 4 {
 		t.Fatalf("max_attempts after replay %d, want attempts + budget = 4", n)
 	}
-	if dl, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", 100, ""); err != nil || len(dl) != 0 {
+	if dl, _, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", 100, ""); err != nil || len(dl) != 0 {
 		t.Fatalf("replayed message still listed: %+v, %v", dl, err)
 	}
 	audit := f.audit("t1")
@@ -203,12 +203,12 @@ func TestDeadLetterReplay(t *testing.T) {
 	if len(c) != 1 || c[0].MessageID != id || c[0].Attempt != 3 || c[0].MaxAttempts != 4 || !bytes.Equal(c[0].Body, r.Envelope) {
 		t.Fatalf("claim after replay %+v", c)
 	}
-	_, err = f.s.ReplayDeadLetter(ctx, op, id)
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, op, id)
 	wantErr(t, "replay while delivering", err, store.ErrNotDead)
-	if err := f.s.MarkDelivered(ctx, "t1", id, 3); err != nil {
+	if err := f.s.Outbox().MarkDelivered(ctx, "t1", id, 3); err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.s.ReplayDeadLetter(ctx, op, id)
+	_, err = f.s.Outbox().ReplayDeadLetter(ctx, op, id)
 	wantErr(t, "replay delivered", err, store.ErrNotDead)
 	if n := len(f.audit("t1")); n != 1 {
 		t.Fatalf("%d audit rows, want only the one replay", n)

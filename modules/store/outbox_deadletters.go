@@ -70,7 +70,7 @@ func parseDeadCursor(c string) (time.Time, string, bool) {
 // out of range or a malformed cursor is ErrInvalid. A replayed message leaves
 // the list; if it dies again it comes back with its new dead_at, so pages
 // never repeat or skip an entry that stayed dead.
-func (s *Store) ListDeadLetters(ctx context.Context, tenant, project string, limit int, after string) ([]DeadLetter, *string, error) {
+func (s *Outbox) ListDeadLetters(ctx context.Context, tenant, project string, limit int, after string) ([]DeadLetter, *string, error) {
 	const op = "list dead letters"
 	if !validIdentity(tenant, project) || limit < 1 || limit > MaxDeadLetterPage {
 		return nil, nil, newErr(op, ErrInvalid)
@@ -151,7 +151,7 @@ const OutcomeReplayed = "replayed"
 // it is dead but its envelope body expired, ErrNotFound when it does
 // not exist for the tenant. A message of a disabled endpoint is replayed too
 // and waits until the endpoint is enabled.
-func (s *Store) ReplayDeadLetter(ctx context.Context, a Actor, id string) (MessageStatus, error) {
+func (s *Outbox) ReplayDeadLetter(ctx context.Context, a Actor, id string) (MessageStatus, error) {
 	const op = "replay dead letter"
 	if !validActor(a) {
 		return MessageStatus{}, newErr(op, ErrInvalid)

@@ -39,7 +39,7 @@ func TestClaimBoundAndLease(t *testing.T) {
 	ctx := context.Background()
 	ids := f.fanOut("t1", 150, 150)
 	before := time.Now()
-	first, err := f.s.Claim(ctx, "t1", store.MaxClaim, 30*time.Second)
+	first, err := f.s.Outbox().Claim(ctx, "t1", store.MaxClaim, 30*time.Second)
 	if err != nil || len(first) != store.MaxClaim {
 		t.Fatalf("first claim: %d messages, %v; want %d", len(first), err, store.MaxClaim)
 	}
@@ -71,7 +71,7 @@ func TestClaimBoundAndLease(t *testing.T) {
 		"lease 0": {"t1", 1, 0}, "lease past bound": {"t1", 1, store.MaxLease + time.Second},
 		"bad tenant": {"", 1, time.Second},
 	} {
-		_, err := f.s.Claim(ctx, c.tenant, c.max, c.lease)
+		_, err := f.s.Outbox().Claim(ctx, c.tenant, c.max, c.lease)
 		wantErr(t, name, err, store.ErrInvalid)
 	}
 }
@@ -91,7 +91,7 @@ func TestClaimSkipLockedConcurrentClaimers(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				cs, err := f.s.Claim(context.Background(), "t1", 37, 10*time.Minute)
+				cs, err := f.s.Outbox().Claim(context.Background(), "t1", 37, 10*time.Minute)
 				if err != nil {
 					errs <- err
 					return
@@ -107,7 +107,7 @@ func TestClaimSkipLockedConcurrentClaimers(t *testing.T) {
 				// Half the claimers settle as they go, like a worker.
 				if w%2 == 0 {
 					for _, c := range cs {
-						if err := f.s.MarkDelivered(context.Background(), "t1", c.MessageID, c.Attempt); err != nil {
+						if err := f.s.Outbox().MarkDelivered(context.Background(), "t1", c.MessageID, c.Attempt); err != nil {
 							errs <- err
 							return
 						}
@@ -153,31 +153,31 @@ func TestClaimExpiredLeaseFencesStaleAttempt(t *testing.T) {
 	}
 
 	row := f.messageRow("t1", id)
-	wantErr(t, "stale delivered", f.s.MarkDelivered(ctx, "t1", id, 1), store.ErrFenced)
-	wantErr(t, "stale retry", f.s.MarkRetry(ctx, "t1", id, 1, time.Now(), store.CodeHTTP5xx), store.ErrFenced)
-	wantErr(t, "stale dead", f.s.MarkDead(ctx, "t1", id, 1, store.CodeHTTP410, true), store.ErrFenced)
-	wantErr(t, "future attempt", f.s.MarkDelivered(ctx, "t1", id, 3), store.ErrFenced)
+	wantErr(t, "stale delivered", f.s.Outbox().MarkDelivered(ctx, "t1", id, 1), store.ErrFenced)
+	wantErr(t, "stale retry", f.s.Outbox().MarkRetry(ctx, "t1", id, 1, time.Now(), store.CodeHTTP5xx), store.ErrFenced)
+	wantErr(t, "stale dead", f.s.Outbox().MarkDead(ctx, "t1", id, 1, store.CodeHTTP410, true), store.ErrFenced)
+	wantErr(t, "future attempt", f.s.Outbox().MarkDelivered(ctx, "t1", id, 3), store.ErrFenced)
 	if got := f.messageRow("t1", id); got != row {
 		t.Fatalf("fenced settles changed the row:\n%s\n%s", row, got)
 	}
-	if e, err := f.s.GetEndpoint(ctx, "t1", ep); err != nil || e.State != store.EndpointActive {
+	if e, err := f.s.Outbox().GetEndpoint(ctx, "t1", ep); err != nil || e.State != store.EndpointActive {
 		t.Fatalf("fenced 410 touched the endpoint: %+v, %v", e, err)
 	}
 
-	if err := f.s.MarkDelivered(ctx, "t1", id, 2); err != nil {
+	if err := f.s.Outbox().MarkDelivered(ctx, "t1", id, 2); err != nil {
 		t.Fatalf("current attempt: %v", err)
 	}
 	m := f.status("t1", id)
 	if m.Status != store.StatusDelivered || m.DeliveredAt == nil || m.NextAttemptAt != nil || m.Attempts != 2 {
 		t.Fatalf("delivered: %+v", m)
 	}
-	wantErr(t, "settle twice", f.s.MarkDelivered(ctx, "t1", id, 2), store.ErrFenced)
-	wantErr(t, "unknown id", f.s.MarkDelivered(ctx, "t1", "msg_000000000000000000000000", 1), store.ErrNotFound)
-	wantErr(t, "other tenant", f.s.MarkDelivered(ctx, "t2", id, 2), store.ErrNotFound)
-	wantErr(t, "attempt 0", f.s.MarkDelivered(ctx, "t1", id, 0), store.ErrInvalid)
-	wantErr(t, "malformed id", f.s.MarkDelivered(ctx, "t1", "1; drop", 1), store.ErrInvalid)
-	wantErr(t, "free-text code", f.s.MarkDead(ctx, "t1", id, 2, "HTTP 500: secret body", false), store.ErrInvalid)
-	wantErr(t, "zero next", f.s.MarkRetry(ctx, "t1", id, 2, time.Time{}, store.CodeTimeout), store.ErrInvalid)
+	wantErr(t, "settle twice", f.s.Outbox().MarkDelivered(ctx, "t1", id, 2), store.ErrFenced)
+	wantErr(t, "unknown id", f.s.Outbox().MarkDelivered(ctx, "t1", "msg_000000000000000000000000", 1), store.ErrNotFound)
+	wantErr(t, "other tenant", f.s.Outbox().MarkDelivered(ctx, "t2", id, 2), store.ErrNotFound)
+	wantErr(t, "attempt 0", f.s.Outbox().MarkDelivered(ctx, "t1", id, 0), store.ErrInvalid)
+	wantErr(t, "malformed id", f.s.Outbox().MarkDelivered(ctx, "t1", "1; drop", 1), store.ErrInvalid)
+	wantErr(t, "free-text code", f.s.Outbox().MarkDead(ctx, "t1", id, 2, "HTTP 500: secret body", false), store.ErrInvalid)
+	wantErr(t, "zero next", f.s.Outbox().MarkRetry(ctx, "t1", id, 2, time.Time{}, store.CodeTimeout), store.ErrInvalid)
 }
 
 func TestClaimRetryUntilDead(t *testing.T) {
@@ -190,7 +190,7 @@ func TestClaimRetryUntilDead(t *testing.T) {
 
 	c := f.claim("t1", 1)[0]
 	later := time.Now().Add(time.Hour)
-	if err := f.s.MarkRetry(ctx, "t1", id, c.Attempt, later, store.CodeHTTP5xx); err != nil {
+	if err := f.s.Outbox().MarkRetry(ctx, "t1", id, c.Attempt, later, store.CodeHTTP5xx); err != nil {
 		t.Fatal(err)
 	}
 	m := f.status("t1", id)
@@ -201,7 +201,7 @@ func TestClaimRetryUntilDead(t *testing.T) {
 	if cs := f.claim("t1", 10); len(cs) != 0 {
 		t.Fatalf("claimed %d messages before their retry time", len(cs))
 	}
-	if tenants, err := f.s.DueTenants(ctx, 10); err != nil || len(tenants) != 0 {
+	if tenants, err := f.s.Outbox().DueTenants(ctx, 10); err != nil || len(tenants) != 0 {
 		t.Fatalf("due tenants before the retry time: %v, %v", tenants, err)
 	}
 	if _, err := f.admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '1 second'`); err != nil {
@@ -211,7 +211,7 @@ func TestClaimRetryUntilDead(t *testing.T) {
 	if c.Attempt != 2 {
 		t.Fatalf("second attempt %d", c.Attempt)
 	}
-	if err := f.s.MarkRetry(ctx, "t1", id, c.Attempt, time.Now(), store.CodeTimeout); err != nil {
+	if err := f.s.Outbox().MarkRetry(ctx, "t1", id, c.Attempt, time.Now(), store.CodeTimeout); err != nil {
 		t.Fatal(err)
 	}
 	m = f.status("t1", id)
@@ -221,7 +221,7 @@ func TestClaimRetryUntilDead(t *testing.T) {
 	if cs := f.claim("t1", 10); len(cs) != 0 {
 		t.Fatal("a dead message was claimed")
 	}
-	dl, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", 10, "")
+	dl, _, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", 10, "")
 	if err != nil || len(dl) != 1 || dl[0].MessageID != id || dl[0].ErrorCode != store.CodeTimeout || dl[0].Attempts != 2 {
 		t.Fatalf("dead letters %+v, %v", dl, err)
 	}
@@ -237,10 +237,10 @@ func TestClaimGoneDisablesEndpoint(t *testing.T) {
 	if len(cs) != 1 {
 		t.Fatalf("claimed %d", len(cs))
 	}
-	if err := f.s.MarkDead(ctx, "t1", cs[0].MessageID, cs[0].Attempt, store.CodeHTTP410, true); err != nil {
+	if err := f.s.Outbox().MarkDead(ctx, "t1", cs[0].MessageID, cs[0].Attempt, store.CodeHTTP410, true); err != nil {
 		t.Fatal(err)
 	}
-	e, err := f.s.GetEndpoint(ctx, "t1", gone)
+	e, err := f.s.Outbox().GetEndpoint(ctx, "t1", gone)
 	if err != nil || e.State != store.EndpointDisabled || e.DisabledReason != store.CodeHTTP410 {
 		t.Fatalf("endpoint after 410: %+v, %v", e, err)
 	}
@@ -251,10 +251,10 @@ func TestClaimGoneDisablesEndpoint(t *testing.T) {
 	if more := f.claim("t1", 10); len(more) != 0 {
 		t.Fatalf("claimed %d messages of a disabled endpoint", len(more))
 	}
-	if st, err := f.s.OutboxStats(ctx); err != nil || st.Due != 0 {
+	if st, err := f.s.Outbox().OutboxStats(ctx); err != nil || st.Due != 0 {
 		t.Fatalf("stats count a disabled endpoint's messages: %+v, %v", st, err)
 	}
-	_, err = f.s.Enqueue(ctx, actor("t1", "svc1"), out("k-3", `{}`).request())
+	_, err = f.s.Outbox().Enqueue(ctx, actor("t1", "svc1"), out("k-3", `{}`).request())
 	wantErr(t, "enqueue to gone endpoint", err, store.ErrNoEndpoint)
 	other := f.addEndpoint("t1", "p1", "task.proposals")
 	r3 := f.enqueue(actor("t1", "svc1"), out("k-3", `{}`))
@@ -262,10 +262,10 @@ func TestClaimGoneDisablesEndpoint(t *testing.T) {
 		t.Fatalf("enqueue after 410 went to %v", r3.MessageIDs)
 	}
 
-	if err := f.s.SetEndpointState(ctx, "t1", gone, store.EndpointActive, ""); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", gone, store.EndpointActive, ""); err != nil {
 		t.Fatal(err)
 	}
-	if e, _ := f.s.GetEndpoint(ctx, "t1", gone); e.State != store.EndpointActive || e.DisabledReason != "" {
+	if e, _ := f.s.Outbox().GetEndpoint(ctx, "t1", gone); e.State != store.EndpointActive || e.DisabledReason != "" {
 		t.Fatalf("enabled endpoint: %+v", e)
 	}
 	pending := map[string]bool{r1.MessageIDs[0]: true, r2.MessageIDs[0]: true, r3.MessageIDs[0]: true}
@@ -279,7 +279,7 @@ func TestClaimGoneDisablesEndpoint(t *testing.T) {
 func TestClaimDueTenantsAndStats(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if st, err := f.s.OutboxStats(ctx); err != nil || st.Due != 0 || st.OldestDueAge != 0 {
+	if st, err := f.s.Outbox().OutboxStats(ctx); err != nil || st.Due != 0 || st.OldestDueAge != 0 {
 		t.Fatalf("empty stats %+v, %v", st, err)
 	}
 	f.fanOut("t1", 2, 4)
@@ -290,23 +290,23 @@ func TestClaimDueTenantsAndStats(t *testing.T) {
 		WHEN 't2' THEN interval '3 minutes' WHEN 't3' THEN interval '2 minutes' ELSE interval '1 minute' END`); err != nil {
 		t.Fatal(err)
 	}
-	got, err := f.s.DueTenants(ctx, 10)
+	got, err := f.s.Outbox().DueTenants(ctx, 10)
 	if err != nil || fmt.Sprint(got) != "[t2 t3 t1]" {
 		t.Fatalf("due tenants %v, %v; want [t2 t3 t1]", got, err)
 	}
-	if got, err := f.s.DueTenants(ctx, 1); err != nil || fmt.Sprint(got) != "[t2]" {
+	if got, err := f.s.Outbox().DueTenants(ctx, 1); err != nil || fmt.Sprint(got) != "[t2]" {
 		t.Fatalf("due tenants limit 1: %v, %v", got, err)
 	}
 	for _, bad := range []int{0, -1, store.MaxDueTenants + 1} {
-		_, err := f.s.DueTenants(ctx, bad)
+		_, err := f.s.Outbox().DueTenants(ctx, bad)
 		wantErr(t, fmt.Sprint("limit ", bad), err, store.ErrInvalid)
 	}
-	st, err := f.s.OutboxStats(ctx)
+	st, err := f.s.Outbox().OutboxStats(ctx)
 	if err != nil || st.Due != 6 || st.OldestDueAge < 3*time.Minute || st.OldestDueAge > 4*time.Minute {
 		t.Fatalf("stats %+v, %v; want 6 due, oldest about 3m", st, err)
 	}
 	f.claim("t2", 10)
-	if st, err := f.s.OutboxStats(ctx); err != nil || st.Due != 5 {
+	if st, err := f.s.Outbox().OutboxStats(ctx); err != nil || st.Due != 5 {
 		t.Fatalf("stats after claim %+v, %v; want 5 due", st, err)
 	}
 }
@@ -321,13 +321,13 @@ func TestOutboxMessageStatusAndIsolation(t *testing.T) {
 		t.Fatalf("status %+v", m)
 	}
 	for name, err := range map[string]error{
-		"status":              second(f.s.OutboxMessage(ctx, "t2", id)),
-		"endpoint":            second(f.s.GetEndpoint(ctx, "t2", ep)),
-		"state":               f.s.SetEndpointState(ctx, "t2", ep, store.EndpointDisabled, "operator"),
-		"replay":              second(f.s.ReplayDeadLetter(ctx, actor("t2", "op"), id)),
-		"settle":              f.s.MarkDead(ctx, "t2", id, 1, store.CodeHTTP4xx, true),
-		"malformed status id": second(f.s.OutboxMessage(ctx, "t1", "../x")),
-		"unknown status id":   second(f.s.OutboxMessage(ctx, "t1", "msg_ffffffffffffffffffffffff")),
+		"status":              second(f.s.Outbox().OutboxMessage(ctx, "t2", id)),
+		"endpoint":            second(f.s.Outbox().GetEndpoint(ctx, "t2", ep)),
+		"state":               f.s.Outbox().SetEndpointState(ctx, "t2", ep, store.EndpointDisabled, "operator"),
+		"replay":              second(f.s.Outbox().ReplayDeadLetter(ctx, actor("t2", "op"), id)),
+		"settle":              f.s.Outbox().MarkDead(ctx, "t2", id, 1, store.CodeHTTP4xx, true),
+		"malformed status id": second(f.s.Outbox().OutboxMessage(ctx, "t1", "../x")),
+		"unknown status id":   second(f.s.Outbox().OutboxMessage(ctx, "t1", "msg_ffffffffffffffffffffffff")),
 	} {
 		wantErr(t, "other tenant "+name, err, store.ErrNotFound)
 	}
@@ -335,13 +335,13 @@ func TestOutboxMessageStatusAndIsolation(t *testing.T) {
 		t.Fatalf("t2 claimed t1's messages: %+v", cs)
 	}
 	f.killAll("t1", store.CodeHTTP4xx)
-	if dl, next, err := f.s.ListDeadLetters(ctx, "t2", "p1", 10, ""); err != nil || len(dl) != 0 || next != nil {
+	if dl, next, err := f.s.Outbox().ListDeadLetters(ctx, "t2", "p1", 10, ""); err != nil || len(dl) != 0 || next != nil {
 		t.Fatalf("t2 dead letters %+v, %v", dl, err)
 	}
-	if e, _ := f.s.GetEndpoint(ctx, "t1", ep); e.State != store.EndpointActive {
+	if e, _ := f.s.Outbox().GetEndpoint(ctx, "t1", ep); e.State != store.EndpointActive {
 		t.Fatal("another tenant disabled the endpoint")
 	}
-	_, err := f.s.OutboxMessage(ctx, "", id)
+	_, err := f.s.Outbox().OutboxMessage(ctx, "", id)
 	wantErr(t, "empty tenant", err, store.ErrInvalid)
 }
 
@@ -381,16 +381,16 @@ func TestClaimSettleBatch(t *testing.T) {
 	for name, mutate := range invalid {
 		bad := append([]store.Settlement(nil), batch...)
 		mutate(&bad[0])
-		_, err := f.s.SettleBatch(ctx, "t1", bad)
+		_, err := f.s.Outbox().SettleBatch(ctx, "t1", bad)
 		wantErr(t, name, err, store.ErrInvalid)
 	}
-	_, err := f.s.SettleBatch(ctx, "t1", make([]store.Settlement, store.MaxSettleBatch+1))
+	_, err := f.s.Outbox().SettleBatch(ctx, "t1", make([]store.Settlement, store.MaxSettleBatch+1))
 	wantErr(t, "oversized batch", err, store.ErrInvalid)
 	if f.messageRow("t1", cs[0].MessageID) != before {
 		t.Fatal("a refused batch was applied")
 	}
 
-	results, err := f.s.SettleBatch(ctx, "t1", batch)
+	results, err := f.s.Outbox().SettleBatch(ctx, "t1", batch)
 	if err != nil || len(results) != len(batch) {
 		t.Fatalf("SettleBatch: %v, %v", results, err)
 	}
@@ -408,16 +408,16 @@ func TestClaimSettleBatch(t *testing.T) {
 	if m := f.status("t1", cs[2].MessageID); m.Status != store.StatusDead || m.LastErrorCode != store.CodeHTTP410 {
 		t.Fatalf("dead: %+v", m)
 	}
-	if e, _ := f.s.GetEndpoint(ctx, "t1", f.status("t1", cs[2].MessageID).EndpointID); e.State != store.EndpointDisabled {
+	if e, _ := f.s.Outbox().GetEndpoint(ctx, "t1", f.status("t1", cs[2].MessageID).EndpointID); e.State != store.EndpointDisabled {
 		t.Fatalf("410 in a batch did not disable the endpoint: %+v", e)
 	}
 	if m := f.status("t1", cs[3].MessageID); m.Status != store.StatusDelivering {
 		t.Fatalf("fenced settlement changed the message: %+v", m)
 	}
-	if rs, err := f.s.SettleBatch(ctx, "t2", batch[:1]); err != nil || !errors.Is(rs[0], store.ErrNotFound) {
+	if rs, err := f.s.Outbox().SettleBatch(ctx, "t2", batch[:1]); err != nil || !errors.Is(rs[0], store.ErrNotFound) {
 		t.Fatalf("other tenant's settle: %v, %v", rs, err)
 	}
-	if rs, err := f.s.SettleBatch(ctx, "t1", nil); err != nil || len(rs) != 0 {
+	if rs, err := f.s.Outbox().SettleBatch(ctx, "t1", nil); err != nil || len(rs) != 0 {
 		t.Fatalf("empty batch: %v, %v", rs, err)
 	}
 }
@@ -449,11 +449,11 @@ func TestLeaseExpiredOnLastAttemptGoesDead(t *testing.T) {
 	if n := f.count(`SELECT lease_expiries FROM outbox_messages WHERE message_id = $1`, id); n != 2 {
 		t.Fatalf("lease expiries %d, want 2", n)
 	}
-	dl, _, err := f.s.ListDeadLetters(ctx, "t1", "p1", 10, "")
+	dl, _, err := f.s.Outbox().ListDeadLetters(ctx, "t1", "p1", 10, "")
 	if err != nil || len(dl) != 1 || dl[0].MessageID != id || dl[0].ErrorCode != "timeout" {
 		t.Fatalf("dead letters %+v, %v", dl, err)
 	}
-	if _, err := f.s.ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
+	if _, err := f.s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
 		t.Fatal(err)
 	}
 	if c := f.claim("t1", 10); len(c) != 1 || c[0].Attempt != 3 {
@@ -505,7 +505,7 @@ func TestSettleBatchSettlesExactlyTheLiveRows(t *testing.T) {
 		settle(live[2], store.SettleDead), settle(fenced[2], store.SettleRetry),
 		settle(live[3], store.SettleDelivered), settle(fenced[3], store.SettleDelivered),
 	}
-	rs, err := f.s.SettleBatch(ctx, "t1", batch)
+	rs, err := f.s.Outbox().SettleBatch(ctx, "t1", batch)
 	if err != nil || len(rs) != len(batch) {
 		t.Fatalf("SettleBatch: %v, %v", rs, err)
 	}
@@ -550,12 +550,12 @@ func TestSettleBatchSettlesExactlyTheLiveRows(t *testing.T) {
 			t.Errorf("fenced %s raised its body's expiry to %v", id, at)
 		}
 	}
-	if e, err := f.s.GetEndpoint(ctx, "t1", f.status("t1", fenced[1]).EndpointID); err != nil ||
+	if e, err := f.s.Outbox().GetEndpoint(ctx, "t1", f.status("t1", fenced[1]).EndpointID); err != nil ||
 		e.State != store.EndpointActive {
 		t.Fatalf("a fenced 410 disabled the endpoint: %+v, %v", e, err)
 	}
 	history := f.count(`SELECT count(*) FROM outbox_attempts WHERE tenant_id = 't1'`)
-	rs, err = f.s.SettleBatch(ctx, "t1", batch)
+	rs, err = f.s.Outbox().SettleBatch(ctx, "t1", batch)
 	if err != nil {
 		t.Fatalf("SettleBatch again: %v", err)
 	}

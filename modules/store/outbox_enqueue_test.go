@@ -51,7 +51,7 @@ func TestOutboxEnqueueNewRepeatConflict(t *testing.T) {
 	}
 
 	other := out("k-1", `{"kind":"other"}`)
-	_, err := f.s.Enqueue(ctx, a, other.request())
+	_, err := f.s.Outbox().Enqueue(ctx, a, other.request())
 	wantErr(t, "same key, other content", err, store.ErrIdempotencyConflict)
 	if other.builds.Load() != 0 {
 		t.Fatal("conflicting request built an envelope")
@@ -67,7 +67,7 @@ func TestOutboxEnqueueNewRepeatConflict(t *testing.T) {
 
 	// A repeat still answers after its endpoints were disabled.
 	for _, ep := range []string{ep1, ep2} {
-		if err := f.s.SetEndpointState(ctx, "t1", ep, store.EndpointDisabled, "operator"); err != nil {
+		if err := f.s.Outbox().SetEndpointState(ctx, "t1", ep, store.EndpointDisabled, "operator"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -85,19 +85,19 @@ func TestOutboxEnqueueNoEndpointTakesNoSequence(t *testing.T) {
 	f.addEndpoint("t1", "p2", "task.proposals")
 	f.addEndpoint("t2", "p1", "task.proposals")
 	disabled := f.addEndpoint("t1", "p1", "task.proposals")
-	if err := f.s.SetEndpointState(ctx, "t1", disabled, store.EndpointDisabled, "http_410"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", disabled, store.EndpointDisabled, "http_410"); err != nil {
 		t.Fatal(err)
 	}
 	o := out("k-1", `{}`)
 	for i := 0; i < 3; i++ {
-		_, err := f.s.Enqueue(ctx, a, o.request())
+		_, err := f.s.Outbox().Enqueue(ctx, a, o.request())
 		wantErr(t, "no active endpoint", err, store.ErrNoEndpoint)
 	}
 	if o.builds.Load() != 0 || f.count(`SELECT count(*) FROM outbound_streams`) != 0 ||
 		f.count(`SELECT count(*) FROM outbound_envelopes`) != 0 || f.count(`SELECT count(*) FROM outbox_messages`) != 0 {
 		t.Fatal("a refused enqueue left state behind")
 	}
-	if err := f.s.SetEndpointState(ctx, "t1", disabled, store.EndpointActive, ""); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", disabled, store.EndpointActive, ""); err != nil {
 		t.Fatal(err)
 	}
 	r := f.enqueue(a, o)
@@ -130,7 +130,7 @@ func TestOutboxEnqueueSequencesPerOutboundStream(t *testing.T) {
 	if n := f.count(`SELECT count(*) FROM streams`); n != 0 {
 		t.Fatalf("outbound enqueues created %d inbound streams", n)
 	}
-	st, err := f.s.Stream(context.Background(), "t1", "p1", "svc1")
+	st, err := f.s.Inbound().Stream(context.Background(), "t1", "p1", "svc1")
 	if err != nil || st.Cursor != 0 || st.ReplayFloor != 0 {
 		t.Fatalf("inbound stream of the outbound producer: %+v, %v", st, err)
 	}
@@ -141,7 +141,7 @@ func TestOutboxEnqueueFansOutToActiveEndpointsOnly(t *testing.T) {
 	ctx := context.Background()
 	active := []string{f.addEndpoint("t1", "p1", "task.proposals"), f.addEndpoint("t1", "p1", "task.proposals")}
 	off := f.addEndpoint("t1", "p1", "task.proposals")
-	if err := f.s.SetEndpointState(ctx, "t1", off, store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "t1", off, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatal(err)
 	}
 	o := out("k-1", `{}`)
@@ -183,13 +183,13 @@ func TestOutboxEnqueueRefusesBadInput(t *testing.T) {
 	for name, mutate := range cases {
 		a, r := actor("t1", "svc1"), good()
 		mutate(&a, &r)
-		_, err := f.s.Enqueue(ctx, a, r)
+		_, err := f.s.Outbox().Enqueue(ctx, a, r)
 		wantErr(t, name, err, store.ErrInvalid)
 	}
 	signErr := errors.New("signing key unavailable")
 	r := good()
 	r.Build = func(int64) ([]byte, string, error) { return nil, "", signErr }
-	_, err := f.s.Enqueue(ctx, actor("t1", "svc1"), r)
+	_, err := f.s.Outbox().Enqueue(ctx, actor("t1", "svc1"), r)
 	if !errors.Is(err, signErr) {
 		t.Fatalf("build failure: %v, want the build error", err)
 	}
@@ -217,7 +217,7 @@ func TestOutboxEnqueueConcurrentSameKey(t *testing.T) {
 			defer wg.Done()
 			o := out("k-same", `{"same":true}`)
 			o.producer = []string{"svc1", "svc2"}[i%2]
-			results[i], errs[i] = f.s.Enqueue(context.Background(), actor("t1", o.producer), o.request())
+			results[i], errs[i] = f.s.Outbox().Enqueue(context.Background(), actor("t1", o.producer), o.request())
 		}()
 	}
 	wg.Wait()

@@ -18,7 +18,7 @@ import (
 // addEndpoint registers an active endpoint and returns its id.
 func (f *fixture) addEndpoint(tenant, project, topic string) string {
 	f.t.Helper()
-	id, err := f.s.AddEndpoint(context.Background(), store.Endpoint{
+	id, err := f.s.Outbox().AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: project, Topic: topic,
 		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-" + tenant + "-" + topic, // a secret ref belongs to one tenant
 	})
@@ -63,7 +63,7 @@ func (o outReq) request() store.EnqueueRequest {
 
 func (f *fixture) enqueue(a store.Actor, o outReq) store.EnqueueResult {
 	f.t.Helper()
-	r, err := f.s.Enqueue(context.Background(), a, o.request())
+	r, err := f.s.Outbox().Enqueue(context.Background(), a, o.request())
 	if err != nil {
 		f.t.Fatalf("Enqueue(%s): %v", o.key, err)
 	}
@@ -82,7 +82,7 @@ func seqOf(t testing.TB, envelope []byte) int64 {
 
 func (f *fixture) claim(tenant string, max int) []store.Claimed {
 	f.t.Helper()
-	cs, err := f.s.Claim(context.Background(), tenant, max, 10*time.Minute)
+	cs, err := f.s.Outbox().Claim(context.Background(), tenant, max, 10*time.Minute)
 	if err != nil {
 		f.t.Fatalf("Claim: %v", err)
 	}
@@ -91,7 +91,7 @@ func (f *fixture) claim(tenant string, max int) []store.Claimed {
 
 func (f *fixture) status(tenant, id string) store.MessageStatus {
 	f.t.Helper()
-	m, err := f.s.OutboxMessage(context.Background(), tenant, id)
+	m, err := f.s.Outbox().OutboxMessage(context.Background(), tenant, id)
 	if err != nil {
 		f.t.Fatalf("OutboxMessage: %v", err)
 	}
@@ -129,7 +129,7 @@ func (f *fixture) killAll(tenant, code string) []string {
 			return ids
 		}
 		for _, c := range cs {
-			if err := f.s.MarkDead(context.Background(), tenant, c.MessageID, c.Attempt, code, false); err != nil {
+			if err := f.s.Outbox().MarkDead(context.Background(), tenant, c.MessageID, c.Attempt, code, false); err != nil {
 				f.t.Fatalf("MarkDead: %v", err)
 			}
 			ids = append(ids, c.MessageID)

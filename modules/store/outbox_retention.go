@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-func (s *Store) retentionMicros() int64 { return s.opts.OutboxPayloadRetention.Microseconds() }
+func (s *pool) retentionMicros() int64 { return s.opts.OutboxPayloadRetention.Microseconds() }
 
 // noneInFlight holds for a body none of whose messages may still be
 // attempted: the janitor's test of "the envelope's last message settled".
@@ -109,7 +109,7 @@ type OutboundDeleted struct {
 // before now while any are left, then the expired bodies. Zero of both means
 // nothing is due. Message ids, statuses, idempotency keys and sequences stay
 // (§8.9).
-func (s *Store) DeleteExpiredOutbound(ctx context.Context, now time.Time, batch int) (OutboundDeleted, error) {
+func (s *Retention) DeleteExpiredOutbound(ctx context.Context, now time.Time, batch int) (OutboundDeleted, error) {
 	const op = "delete expired outbound"
 	if batch < 1 || batch > MaxDeleteBatch || now.IsZero() {
 		return OutboundDeleted{}, newErr(op, ErrInvalid)
@@ -159,7 +159,7 @@ func (s *Store) DeleteExpiredOutbound(ctx context.Context, now time.Time, batch 
 	return d, nil
 }
 
-func (s *Store) execCount(ctx context.Context, query string, args ...any) (int, error) {
+func (s *Retention) execCount(ctx context.Context, query string, args ...any) (int, error) {
 	res, err := s.sqlDB().ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -237,7 +237,7 @@ type BackfillStep struct {
 // body is not moved again, and a run restarted from the zero cursor only
 // re-reads keys. It needs the schema owner's rights (the body column is out
 // of every service role's reach but ingest's).
-func (s *Store) BackfillBodies(ctx context.Context, cursor BackfillCursor, batch int, retention time.Duration) (BackfillStep, error) {
+func (s *Retention) BackfillBodies(ctx context.Context, cursor BackfillCursor, batch int, retention time.Duration) (BackfillStep, error) {
 	const op = "backfill outbound bodies"
 	if batch < 1 || batch > MaxBackfillBatch || retention <= 0 {
 		return BackfillStep{}, newErr(op, ErrInvalid)

@@ -60,7 +60,7 @@ func (f *fixture) addAttempts(tenant, id string, n int) {
 func sweepOutbound(t testing.TB, s *store.Store, now time.Time, batch int) (attempts, bodies int) {
 	t.Helper()
 	for {
-		d, err := s.DeleteExpiredOutbound(context.Background(), now, batch)
+		d, err := s.Retention().DeleteExpiredOutbound(context.Background(), now, batch)
 		if err != nil {
 			t.Fatalf("DeleteExpiredOutbound: %v", err)
 		}
@@ -88,7 +88,7 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	f.addEndpoint("t1", "p1", "task.proposals")
 	f.addEndpoint("t1", "p1", "task.proposals")
 	o := out("k-ret", `{"x":1}`)
-	res, err := s.Enqueue(ctx, actor("t1", "svc1"), o.request())
+	res, err := s.Outbox().Enqueue(ctx, actor("t1", "svc1"), o.request())
 	if err != nil || len(res.MessageIDs) != 2 {
 		t.Fatalf("Enqueue: %+v, %v", res, err)
 	}
@@ -98,7 +98,7 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	if at, ok := f.bodyExpiry("t1", res.MessageIDs[0]); !ok || at != nil {
 		t.Fatalf("new body: present %v, expiry %v; want present, none", ok, at)
 	}
-	cs, err := s.Claim(ctx, "t1", 10, time.Minute)
+	cs, err := s.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("Claim: %d, %v", len(cs), err)
 	}
@@ -111,7 +111,7 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	byID := map[string]store.Claimed{cs[0].MessageID: cs[0], cs[1].MessageID: cs[1]}
 	first, last := byID[res.MessageIDs[0]], byID[res.MessageIDs[1]]
 
-	if err := s.MarkDelivered(ctx, "t1", first.MessageID, first.Attempt); err != nil {
+	if err := s.Outbox().MarkDelivered(ctx, "t1", first.MessageID, first.Attempt); err != nil {
 		t.Fatal(err)
 	}
 	// One message still delivering: the janitor leaves the body, whatever
@@ -121,23 +121,23 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	settled := time.Now()
-	if err := s.MarkRetry(ctx, "t1", last.MessageID, last.Attempt, time.Now().Add(time.Minute), store.CodeHTTP5xx); err != nil {
+	if err := s.Outbox().MarkRetry(ctx, "t1", last.MessageID, last.Attempt, time.Now().Add(time.Minute), store.CodeHTTP5xx); err != nil {
 		t.Fatal(err)
 	}
 	// A retry is no settle: the last message is pending again.
-	cs, err = s.Claim(ctx, "t1", 10, time.Minute)
+	cs, err = s.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 0 {
 		t.Fatalf("Claim before the retry is due: %d, %v", len(cs), err)
 	}
 	if _, err := f.admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, last.MessageID); err != nil {
 		t.Fatal(err)
 	}
-	cs, err = s.Claim(ctx, "t1", 10, time.Minute)
+	cs, err = s.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 1 {
 		t.Fatalf("Claim of the retry: %d, %v", len(cs), err)
 	}
 	settled = time.Now()
-	if err := s.MarkDead(ctx, "t1", cs[0].MessageID, cs[0].Attempt, store.CodeHTTP4xx, false); err != nil {
+	if err := s.Outbox().MarkDead(ctx, "t1", cs[0].MessageID, cs[0].Attempt, store.CodeHTTP4xx, false); err != nil {
 		t.Fatal(err)
 	}
 	at, _ := f.bodyExpiry("t1", last.MessageID)
@@ -164,18 +164,18 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	}
 
 	for _, id := range res.MessageIDs {
-		st, err := s.OutboxMessage(ctx, "t1", id)
+		st, err := s.Outbox().OutboxMessage(ctx, "t1", id)
 		if err != nil || !st.PayloadExpired {
 			t.Fatalf("status of %s: %+v, %v; want payload_expired", id, st, err)
 		}
 	}
-	rep, err := s.Enqueue(ctx, actor("t1", "svc1"), o.request())
+	rep, err := s.Outbox().Enqueue(ctx, actor("t1", "svc1"), o.request())
 	if err != nil || rep.Created || !rep.PayloadExpired || rep.Envelope != nil ||
 		fmt.Sprint(rep.MessageIDs) != fmt.Sprint(res.MessageIDs) {
 		t.Fatalf("repeat after expiry: %+v, %v; want payload expired, the original ids", rep, err)
 	}
 	// POST /v1/outbox/batch answers each such item the same way.
-	as, err := s.EnqueueBatch(ctx, []store.EnqueueItem{{actor("t1", "svc1"), o.request()}, {actor("t1", "svc1"), o.request()}})
+	as, err := s.Outbox().EnqueueBatch(ctx, []store.EnqueueItem{{actor("t1", "svc1"), o.request()}, {actor("t1", "svc1"), o.request()}})
 	if err != nil || len(as) != 2 {
 		t.Fatalf("batch of repeats after expiry: %+v, %v", as, err)
 	}
@@ -187,11 +187,11 @@ func TestOutboundRetentionLifecycle(t *testing.T) {
 	}
 	other := o
 	other.body = `{"x":2}`
-	_, err = s.Enqueue(ctx, actor("t1", "svc1"), other.request())
+	_, err = s.Outbox().Enqueue(ctx, actor("t1", "svc1"), other.request())
 	wantErr(t, "same key, other content, after expiry", err, store.ErrIdempotencyConflict)
-	_, err = s.ReplayDeadLetter(ctx, actor("t1", "op1"), last.MessageID)
+	_, err = s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), last.MessageID)
 	wantErr(t, "replay of an expired dead letter", err, store.ErrPayloadExpired)
-	_, err = s.ReplayDeadLetter(ctx, actor("t1", "op1"), first.MessageID)
+	_, err = s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), first.MessageID)
 	wantErr(t, "replay of a delivered message", err, store.ErrNotDead)
 	if st := f.status("t1", last.MessageID); st.Status != store.StatusDead {
 		t.Fatalf("refused replay changed the message: %+v", st)
@@ -208,19 +208,19 @@ func TestReplayClearsOutboundExpiry(t *testing.T) {
 	ctx := context.Background()
 	s := f.retentionStore(f.dsn, 4)
 	f.addEndpoint("t1", "p1", "task.proposals")
-	res, err := s.Enqueue(ctx, actor("t1", "svc1"), out("k-1", `{}`).request())
+	res, err := s.Outbox().Enqueue(ctx, actor("t1", "svc1"), out("k-1", `{}`).request())
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := res.MessageIDs[0]
-	cs, _ := s.Claim(ctx, "t1", 1, time.Minute)
-	if err := s.MarkDead(ctx, "t1", id, cs[0].Attempt, store.CodeHTTP4xx, false); err != nil {
+	cs, _ := s.Outbox().Claim(ctx, "t1", 1, time.Minute)
+	if err := s.Outbox().MarkDead(ctx, "t1", id, cs[0].Attempt, store.CodeHTTP4xx, false); err != nil {
 		t.Fatal(err)
 	}
 	if at, _ := f.bodyExpiry("t1", id); at == nil {
 		t.Fatal("no expiry after the only message died")
 	}
-	if _, err := s.ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
+	if _, err := s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), id); err != nil {
 		t.Fatal(err)
 	}
 	if at, ok := f.bodyExpiry("t1", id); !ok || at != nil {
@@ -229,11 +229,11 @@ func TestReplayClearsOutboundExpiry(t *testing.T) {
 	if a, b := sweepOutbound(t, s, time.Now().Add(100*testRetention), 10); a != 0 || b != 0 {
 		t.Fatalf("janitor deleted %d attempts, %d bodies of a replayed message", a, b)
 	}
-	cs, _ = s.Claim(ctx, "t1", 1, time.Minute)
+	cs, _ = s.Outbox().Claim(ctx, "t1", 1, time.Minute)
 	if len(cs) != 1 || !bytes.Equal(cs[0].Body, res.Envelope) {
 		t.Fatalf("replayed claim: %+v", cs)
 	}
-	if err := s.MarkDelivered(ctx, "t1", id, cs[0].Attempt); err != nil {
+	if err := s.Outbox().MarkDelivered(ctx, "t1", id, cs[0].Attempt); err != nil {
 		t.Fatal(err)
 	}
 	if at, _ := f.bodyExpiry("t1", id); at == nil {
@@ -258,13 +258,13 @@ func TestOutboundExpiryUnderConcurrentSettles(t *testing.T) {
 		f.addEndpoint("t1", "p1", "task.proposals")
 	}
 	for k := 0; k < envelopes; k++ {
-		if _, err := s.Enqueue(ctx, actor("t1", "svc1"), out(fmt.Sprintf("k-%d", k), `{}`).request()); err != nil {
+		if _, err := s.Outbox().Enqueue(ctx, actor("t1", "svc1"), out(fmt.Sprintf("k-%d", k), `{}`).request()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var claimed []store.Claimed
 	for {
-		cs, err := s.Claim(ctx, "t1", store.MaxClaim, 10*time.Minute)
+		cs, err := s.Outbox().Claim(ctx, "t1", store.MaxClaim, 10*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,14 +295,14 @@ func TestOutboundExpiryUnderConcurrentSettles(t *testing.T) {
 				case 1:
 					st = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDead, Code: store.CodeHTTP4xx}
 				case 2: // single calls, one transaction each
-					if err := s.MarkDelivered(ctx, "t1", c.MessageID, c.Attempt); err != nil {
+					if err := s.Outbox().MarkDelivered(ctx, "t1", c.MessageID, c.Attempt); err != nil {
 						errs <- err
 					}
 					continue
 				}
 				batch = append(batch, st)
 				if len(batch) == 4 {
-					res, err := s.SettleBatch(ctx, "t1", batch)
+					res, err := s.Outbox().SettleBatch(ctx, "t1", batch)
 					if err != nil {
 						errs <- err
 					}
@@ -315,7 +315,7 @@ func TestOutboundExpiryUnderConcurrentSettles(t *testing.T) {
 				}
 			}
 			if len(batch) > 0 {
-				if _, err := s.SettleBatch(ctx, "t1", batch); err != nil {
+				if _, err := s.Outbox().SettleBatch(ctx, "t1", batch); err != nil {
 					errs <- err
 				}
 			}
@@ -368,7 +368,7 @@ func TestOutboundExpiryUnderConcurrentSettles(t *testing.T) {
 		go func(w int) {
 			defer rg.Done()
 			for i := w; i < len(dead); i += 8 {
-				_, err := s.ReplayDeadLetter(ctx, actor("t1", "op1"), dead[i])
+				_, err := s.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), dead[i])
 				mu.Lock()
 				switch {
 				case err == nil:
@@ -386,7 +386,7 @@ func TestOutboundExpiryUnderConcurrentSettles(t *testing.T) {
 	go func() {
 		defer rg.Done()
 		for {
-			d, err := s.DeleteExpiredOutbound(ctx, later, 3)
+			d, err := s.Retention().DeleteExpiredOutbound(ctx, later, 3)
 			if err != nil {
 				t.Errorf("janitor: %v", err)
 				return
@@ -438,7 +438,7 @@ func TestBackfillBodiesOnAPopulatedDatabase(t *testing.T) {
 	bodies := map[string][]byte{}
 	for _, tenant := range []string{"t1", "t2"} {
 		for k := 0; k < perTenant; k++ {
-			res, err := s.Enqueue(ctx, actor(tenant, "svc1"), out(fmt.Sprintf("k-%d", k), fmt.Sprintf(`{"k":%d}`, k)).request())
+			res, err := s.Outbox().Enqueue(ctx, actor(tenant, "svc1"), out(fmt.Sprintf("k-%d", k), fmt.Sprintf(`{"k":%d}`, k)).request())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -448,7 +448,7 @@ func TestBackfillBodiesOnAPopulatedDatabase(t *testing.T) {
 	// Half of t1 settled before the upgrade.
 	settle := func(tenant string, n int) {
 		for n > 0 {
-			cs, err := s.Claim(ctx, tenant, min(n, store.MaxClaim), time.Minute)
+			cs, err := s.Outbox().Claim(ctx, tenant, min(n, store.MaxClaim), time.Minute)
 			if err != nil {
 				t.Error(err)
 				return
@@ -460,7 +460,7 @@ func TestBackfillBodiesOnAPopulatedDatabase(t *testing.T) {
 				if !bytes.Equal(c.Body, bodies[c.MessageID]) {
 					t.Errorf("claim of %s got body %q, want %q", c.MessageID, c.Body, bodies[c.MessageID])
 				}
-				if err := s.MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
+				if err := s.Outbox().MarkDelivered(ctx, tenant, c.MessageID, c.Attempt); err != nil {
 					t.Error(err)
 				}
 			}
@@ -483,7 +483,7 @@ func TestBackfillBodiesOnAPopulatedDatabase(t *testing.T) {
 	run := func() (moved, left, steps int) {
 		var cur store.BackfillCursor
 		for {
-			st, err := s.BackfillBodies(ctx, cur, 100, testRetention)
+			st, err := s.Retention().BackfillBodies(ctx, cur, 100, testRetention)
 			if err != nil {
 				t.Fatalf("BackfillBodies: %v", err)
 			}
@@ -537,19 +537,19 @@ func TestOutboundRetentionRolesCanDoTheirJob(t *testing.T) {
 	f.addEndpoint("t1", "p1", "task.proposals")
 	var ids []string
 	for k := 0; k < 2; k++ {
-		res, err := ingest.Enqueue(ctx, actor("t1", "svc1"), out(fmt.Sprintf("k-%d", k), `{}`).request())
+		res, err := ingest.Outbox().Enqueue(ctx, actor("t1", "svc1"), out(fmt.Sprintf("k-%d", k), `{}`).request())
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, res.MessageIDs[0])
 	}
-	cs, err := delivery.Claim(ctx, "t1", 10, time.Minute)
+	cs, err := delivery.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("claim: %d, %v", len(cs), err)
 	}
 	for _, c := range cs {
 		// The settle records attempt 1, the row the janitor may delete.
-		if err := delivery.MarkDead(ctx, "t1", c.MessageID, c.Attempt, store.CodeHTTP4xx, false); err != nil {
+		if err := delivery.Outbox().MarkDead(ctx, "t1", c.MessageID, c.Attempt, store.CodeHTTP4xx, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -567,17 +567,17 @@ func TestOutboundRetentionRolesCanDoTheirJob(t *testing.T) {
 	if a != 1 || b != 1 {
 		t.Fatalf("janitor role deleted %d attempts, %d bodies; want 1, 1 (the unmoved body is not its to delete)", a, b)
 	}
-	if _, err := operator.ReplayDeadLetter(ctx, actor("t1", "op1"), ids[0]); err != nil {
+	if _, err := operator.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), ids[0]); err != nil {
 		t.Fatalf("operator replay of an unmoved body: %v", err)
 	}
-	_, err = operator.ReplayDeadLetter(ctx, actor("t1", "op1"), ids[1])
+	_, err = operator.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), ids[1])
 	wantErr(t, "operator replay of an expired body", err, store.ErrPayloadExpired)
-	_, err = ingest.ReplayDeadLetter(ctx, actor("t1", "op1"), ids[1])
+	_, err = ingest.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), ids[1])
 	wantErr(t, "ingest replay of an expired body", err, store.ErrPayloadExpired)
-	if st, err := ingest.OutboxMessage(ctx, "t1", ids[1]); err != nil || !st.PayloadExpired {
+	if st, err := ingest.Outbox().OutboxMessage(ctx, "t1", ids[1]); err != nil || !st.PayloadExpired {
 		t.Fatalf("ingest status: %+v, %v", st, err)
 	}
-	if st, err := ingest.OutboxMessage(ctx, "t1", ids[0]); err != nil || st.PayloadExpired {
+	if st, err := ingest.Outbox().OutboxMessage(ctx, "t1", ids[0]); err != nil || st.PayloadExpired {
 		t.Fatalf("ingest status of the unmoved body: %+v, %v", st, err)
 	}
 }

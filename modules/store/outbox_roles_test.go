@@ -126,51 +126,51 @@ func TestOutboxRolesCanDoTheirJob(t *testing.T) {
 	ingest := storetest.Open(t, storetest.DSNForRole(f.dsn, roleIngest))
 	delivery := storetest.Open(t, storetest.DSNForRole(f.dsn, roleDelivery))
 
-	gone, err := operator.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "task.proposals",
+	gone, err := operator.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "task.proposals",
 		URL: "https://a.example/", SecretRef: "a"})
 	if err != nil {
 		t.Fatalf("operator add endpoint: %v", err)
 	}
-	other, err := operator.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "task.proposals",
+	other, err := operator.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "task.proposals",
 		URL: "https://b.example/", SecretRef: "b"})
 	if err != nil {
 		t.Fatalf("operator add endpoint: %v", err)
 	}
-	if err := operator.SetEndpointState(ctx, "t1", other, store.EndpointDisabled, "operator"); err != nil {
+	if err := operator.Outbox().SetEndpointState(ctx, "t1", other, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatalf("operator disable: %v", err)
 	}
-	if err := operator.SetEndpointState(ctx, "t1", other, store.EndpointActive, ""); err != nil {
+	if err := operator.Outbox().SetEndpointState(ctx, "t1", other, store.EndpointActive, ""); err != nil {
 		t.Fatalf("operator enable: %v", err)
 	}
-	if _, err := operator.GetEndpoint(ctx, "t1", other); err != nil {
+	if _, err := operator.Outbox().GetEndpoint(ctx, "t1", other); err != nil {
 		t.Fatalf("operator get endpoint: %v", err)
 	}
 	// The trigger claims refs in the operator's name and refuses another tenant's.
-	if _, err := operator.AddEndpoint(ctx, store.Endpoint{TenantID: "t2", ProjectID: "p1", Topic: "task.proposals",
+	if _, err := operator.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t2", ProjectID: "p1", Topic: "task.proposals",
 		URL: "https://c.example/", SecretRef: "a"}); !errors.Is(err, store.ErrSecretRefForeign) {
 		t.Fatalf("operator add endpoint with t1's ref for t2: %v", err)
 	}
 
 	o := out("k-1", `{}`)
 	o.maxAttempts = 1
-	r, err := ingest.Enqueue(ctx, actor("t1", "svc1"), o.request())
+	r, err := ingest.Outbox().Enqueue(ctx, actor("t1", "svc1"), o.request())
 	if err != nil || len(r.MessageIDs) != 2 {
 		t.Fatalf("ingest enqueue: %+v, %v", r, err)
 	}
-	if r, err := ingest.Enqueue(ctx, actor("t1", "svc1"), o.request()); err != nil || r.Created {
+	if r, err := ingest.Outbox().Enqueue(ctx, actor("t1", "svc1"), o.request()); err != nil || r.Created {
 		t.Fatalf("ingest repeat: %+v, %v", r, err)
 	}
-	if _, err := ingest.OutboxMessage(ctx, "t1", r.MessageIDs[0]); err != nil {
+	if _, err := ingest.Outbox().OutboxMessage(ctx, "t1", r.MessageIDs[0]); err != nil {
 		t.Fatalf("ingest status: %v", err)
 	}
 
-	if tenants, err := delivery.DueTenants(ctx, 10); err != nil || len(tenants) != 1 {
+	if tenants, err := delivery.Outbox().DueTenants(ctx, 10); err != nil || len(tenants) != 1 {
 		t.Fatalf("delivery due tenants: %v, %v", tenants, err)
 	}
-	if _, err := delivery.OutboxStats(ctx); err != nil {
+	if _, err := delivery.Outbox().OutboxStats(ctx); err != nil {
 		t.Fatalf("delivery stats: %v", err)
 	}
-	cs, err := delivery.Claim(ctx, "t1", 10, time.Minute)
+	cs, err := delivery.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("delivery claim: %d, %v", len(cs), err)
 	}
@@ -179,30 +179,30 @@ func TestOutboxRolesCanDoTheirJob(t *testing.T) {
 		if !c.SecretRefOwned {
 			t.Fatalf("delivery claim: %s's ref is its own, claim says not", c.EndpointID)
 		}
-		if _, err := delivery.GetEndpoint(ctx, "t1", c.EndpointID); err != nil {
+		if _, err := delivery.Outbox().GetEndpoint(ctx, "t1", c.EndpointID); err != nil {
 			t.Fatalf("delivery get endpoint: %v", err)
 		}
 		if c.EndpointID == gone {
 			dead = c.MessageID
-			if err := delivery.MarkDead(ctx, "t1", c.MessageID, c.Attempt, store.CodeHTTP410, true); err != nil {
+			if err := delivery.Outbox().MarkDead(ctx, "t1", c.MessageID, c.Attempt, store.CodeHTTP410, true); err != nil {
 				t.Fatalf("delivery mark dead: %v", err)
 			}
-		} else if err := delivery.MarkRetry(ctx, "t1", c.MessageID, c.Attempt, time.Now(), store.CodeHTTP5xx); err != nil {
+		} else if err := delivery.Outbox().MarkRetry(ctx, "t1", c.MessageID, c.Attempt, time.Now(), store.CodeHTTP5xx); err != nil {
 			t.Fatalf("delivery mark retry: %v", err)
 		}
 	}
-	if e, _ := operator.GetEndpoint(ctx, "t1", gone); e.State != store.EndpointDisabled {
+	if e, _ := operator.Outbox().GetEndpoint(ctx, "t1", gone); e.State != store.EndpointDisabled {
 		t.Fatalf("410 by the delivery role did not disable: %+v", e)
 	}
 
-	dl, _, err := operator.ListDeadLetters(ctx, "t1", "p1", 10, "")
+	dl, _, err := operator.Outbox().ListDeadLetters(ctx, "t1", "p1", 10, "")
 	if err != nil || len(dl) != 2 {
 		t.Fatalf("operator dead letters: %d, %v", len(dl), err)
 	}
-	if _, _, err := ingest.ListDeadLetters(ctx, "t1", "p1", 10, ""); err != nil {
+	if _, _, err := ingest.Outbox().ListDeadLetters(ctx, "t1", "p1", 10, ""); err != nil {
 		t.Fatalf("ingest dead letters: %v", err)
 	}
-	if _, err := operator.ReplayDeadLetter(ctx, actor("t1", "op1"), dead); err != nil {
+	if _, err := operator.Outbox().ReplayDeadLetter(ctx, actor("t1", "op1"), dead); err != nil {
 		t.Fatalf("operator replay: %v", err)
 	}
 	var retried string
@@ -211,17 +211,17 @@ func TestOutboxRolesCanDoTheirJob(t *testing.T) {
 			retried = d.MessageID
 		}
 	}
-	if _, err := ingest.ReplayDeadLetter(ctx, actor("t1", "op2"), retried); err != nil {
+	if _, err := ingest.Outbox().ReplayDeadLetter(ctx, actor("t1", "op2"), retried); err != nil {
 		t.Fatalf("ingest replay: %v", err)
 	}
-	cs, err = delivery.Claim(ctx, "t1", 10, time.Minute)
+	cs, err = delivery.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 1 || cs[0].MessageID != retried {
 		t.Fatalf("delivery claim after replay: %+v, %v", cs, err)
 	}
-	if err := delivery.MarkDelivered(ctx, "t1", cs[0].MessageID, cs[0].Attempt); err != nil {
+	if err := delivery.Outbox().MarkDelivered(ctx, "t1", cs[0].MessageID, cs[0].Attempt); err != nil {
 		t.Fatalf("delivery mark delivered: %v", err)
 	}
-	if rs, err := delivery.SettleBatch(ctx, "t1", []store.Settlement{{MessageID: cs[0].MessageID,
+	if rs, err := delivery.Outbox().SettleBatch(ctx, "t1", []store.Settlement{{MessageID: cs[0].MessageID,
 		Attempt: cs[0].Attempt, Outcome: store.SettleDelivered}}); err != nil || !errors.Is(rs[0], store.ErrFenced) {
 		t.Fatalf("delivery settle batch: %v, %v", rs, err)
 	}

@@ -123,7 +123,7 @@ func validSettle(tenant, id string, attempt int) bool {
 
 // settled turns "no row matched the fence" into ErrFenced, or ErrNotFound
 // when the message does not exist for tenant.
-func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) error {
+func (s *Outbox) settled(ctx context.Context, op, tenant, id string, n int64) error {
 	if n > 0 {
 		return nil
 	}
@@ -139,7 +139,7 @@ func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) err
 
 // settleOne is a single settle through settleSQL, answering as SettleBatch
 // does for one settlement but under op.
-func (s *Store) settleOne(ctx context.Context, op, tenant string, st Settlement) error {
+func (s *Outbox) settleOne(ctx context.Context, op, tenant string, st Settlement) error {
 	applied, err := s.settleSet(ctx, tenant, []Settlement{st})
 	if err != nil {
 		return classify(ctx, op, err)
@@ -157,7 +157,7 @@ func boolCount(b bool) int64 {
 // MarkDelivered settles a 2xx answer for the claimed attempt. ErrFenced when
 // the attempt no longer owns the message; ErrNotFound for an unknown id. The
 // attempt is recorded with the database's timing (see Settlement).
-func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt int) error {
+func (s *Outbox) MarkDelivered(ctx context.Context, tenant, id string, attempt int) error {
 	const op = "mark delivered"
 	if !validSettle(tenant, id, attempt) {
 		return newErr(op, ErrInvalid)
@@ -168,7 +168,7 @@ func (s *Store) MarkDelivered(ctx context.Context, tenant, id string, attempt in
 // MarkRetry records a retryable failure (code: one of the Code* constants)
 // and makes the message due again at next; when the claimed attempt was the
 // last of its budget the message is dead instead, with the same code.
-func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, next time.Time, code string) error {
+func (s *Outbox) MarkRetry(ctx context.Context, tenant, id string, attempt int, next time.Time, code string) error {
 	const op = "mark retry"
 	if !validSettle(tenant, id, attempt) || next.IsZero() || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
@@ -179,7 +179,7 @@ func (s *Store) MarkRetry(ctx context.Context, tenant, id string, attempt int, n
 // MarkDead makes the message dead at once with code. With disableEndpoint
 // (a 410 Gone answer) its endpoint is disabled in the same transaction, with
 // code as the reason: later messages wait and new enqueues skip it.
-func (s *Store) MarkDead(ctx context.Context, tenant, id string, attempt int, code string, disableEndpoint bool) error {
+func (s *Outbox) MarkDead(ctx context.Context, tenant, id string, attempt int, code string, disableEndpoint bool) error {
 	const op = "mark dead"
 	if !validSettle(tenant, id, attempt) || !ValidErrorCode(code) {
 		return newErr(op, ErrInvalid)
@@ -245,7 +245,7 @@ func (st Settlement) valid() bool {
 // is for the batch as a whole (ErrInvalid for any malformed settlement,
 // before any database work; or a database failure, after which none of the
 // batch is applied).
-func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement) ([]error, error) {
+func (s *Outbox) SettleBatch(ctx context.Context, tenant string, ss []Settlement) ([]error, error) {
 	const op = "settle batch"
 	if !validIdentity(tenant) || len(ss) > MaxSettleBatch {
 		return nil, newErr(op, ErrInvalid)
@@ -278,7 +278,7 @@ func (s *Store) SettleBatch(ctx context.Context, tenant string, ss []Settlement)
 // matched their fence. A message named again later in ss is sent once, at
 // its first settlement: after that one the message is no longer delivering
 // under the attempt, so the repeats match nothing, as they would in turn.
-func (s *Store) settleSet(ctx context.Context, tenant string, ss []Settlement) ([]bool, error) {
+func (s *Outbox) settleSet(ctx context.Context, tenant string, ss []Settlement) ([]bool, error) {
 	n := len(ss)
 	var (
 		ids      = make([]string, 0, n)

@@ -50,8 +50,7 @@ var crossTenantCases = []struct {
 // that is rolled back.
 func TestHotStatementsTouchOnePartition(t *testing.T) {
 	dsn := storetest.NewDatabaseIn(t, migrations.LayoutPartitioned)
-	s := storetest.Open(t, dsn)
-	db := s.DB().DB
+	db := storetest.AdminDB(t, dsn)
 	seedPlanTables(t, db, 1, 20000)
 	if _, err := db.Exec(`ANALYZE ` + strings.Join(planTables, ", ")); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -29,11 +28,6 @@ type partitionCache struct {
 	next uint32                      // where the next sweep starts, so no partition always goes last
 }
 
-// errLayoutUnsupported is a table that is neither one plain heap nor
-// hash-partitioned into plain heaps like its fellows: a delete by ctid
-// there could name rows nobody meant.
-var errLayoutUnsupported = errors.New("store: tables neither plain nor partitioned alike")
-
 const partitionsSQL = `
 SELECT p.relname, p.relkind::text, c.relname, c.relkind::text, coalesce(pg_get_expr(c.relpartbound, c.oid), '')
 FROM pg_class p
@@ -43,7 +37,7 @@ WHERE p.oid = ANY ($1::regclass[])`
 
 // partitions returns nil when every table is one plain heap, and otherwise
 // one group per hash bound, every table present in each.
-func (s *Store) partitions(ctx context.Context, tables ...string) ([]partitionGroup, error) {
+func (s *Retention) partitions(ctx context.Context, tables ...string) ([]partitionGroup, error) {
 	key := strings.Join(tables, ",")
 	s.parts.mu.Lock()
 	defer s.parts.mu.Unlock()
@@ -106,7 +100,7 @@ func (s *Store) partitions(ctx context.Context, tables ...string) ([]partitionGr
 }
 
 // sweepOrder is the groups in the order one sweep visits them.
-func (s *Store) sweepOrder(groups []partitionGroup) []partitionGroup {
+func (s *Retention) sweepOrder(groups []partitionGroup) []partitionGroup {
 	s.parts.mu.Lock()
 	start := int(s.parts.next % uint32(len(groups)))
 	s.parts.next++

@@ -40,7 +40,7 @@ func TestUniqueRaceRerunsOnAHealthyConnection(t *testing.T) {
 				}
 				e.content = p // other content: the loser is a conflict, not a duplicate
 				<-start
-				results[i], errs[i] = s.Ingest(context.Background(), actor("t1", p), e.input())
+				results[i], errs[i] = s.Inbound().Ingest(context.Background(), actor("t1", p), e.input())
 			}()
 		}
 		close(start)

@@ -2,18 +2,11 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 )
-
-// ErrSchemaBehind reports a database whose schema is older than the version
-// the caller was built for: `envctl migrate` has not run yet. A newer schema
-// is not an error: migrations are additive (contract §8.1), so a binary keeps
-// working while a later release's migrate Job has already run.
-var ErrSchemaBehind = errors.New("store: schema older than this build")
 
 // CheckSchema reports whether the database answers and its schema is at or
 // above need, the migration version the caller was built for (a binary
@@ -119,7 +112,7 @@ func (r *Readiness) Check(ctx context.Context) error {
 // if the check panics, so waiters never hang.
 func (r *Readiness) probe(ctx context.Context, done chan struct{}) {
 	start := r.cfg.Now()
-	err := errors.New("store: readiness probe did not finish")
+	err := errProbeUnfinished
 	defer func() {
 		r.mu.Lock()
 		r.started, r.err, r.running = start, err, nil

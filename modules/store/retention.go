@@ -46,7 +46,7 @@ var deleteExpiredSQL = deleteExpiredPayloadsSQL("inbound_payloads")
 // DeleteExpiredPayloads deletes up to batch (1..MaxDeleteBatch) payloads whose
 // expires_at is at or before now and reports how many went. It touches no
 // other table: identities, sequences, cursors and audit rows stay.
-func (s *Store) DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error) {
+func (s *Retention) DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error) {
 	const op = "delete expired payloads"
 	if batch < 1 || batch > MaxDeleteBatch || now.IsZero() {
 		return 0, newErr(op, ErrInvalid)

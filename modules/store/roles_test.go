@@ -129,7 +129,7 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 	ingest := storetest.Open(t, storetest.DSNForRole(f.dsn, roleIngest))
 	janitor := storetest.Open(t, storetest.DSNForRole(f.dsn, roleJanitor))
 
-	token, credID, err := operator.IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
+	token, credID, err := operator.Credentials().IssueCredential(ctx, "t1", "a1", "d1", store.RoleDevice)
 	if err != nil {
 		t.Fatalf("operator issue: %v", err)
 	}
@@ -137,62 +137,62 @@ func TestRolesCanDoTheirJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := operator.AddKey(ctx, "t1", "k1", pub); err != nil {
+	if err := operator.Credentials().AddKey(ctx, "t1", "k1", pub); err != nil {
 		t.Fatalf("operator add key: %v", err)
 	}
-	if _, err := operator.SetReplayFloor(ctx, "t1", "p1", "d1", 0); err != nil {
+	if _, err := operator.Inbound().SetReplayFloor(ctx, "t1", "p1", "d1", 0); err != nil {
 		t.Fatalf("operator floor: %v", err)
 	}
 
 	if v, err := ingest.SchemaVersion(ctx); err != nil || v != migrations.Latest() {
 		t.Fatalf("ingest schema version %d, %v", v, err)
 	}
-	if _, err := ingest.VerifyCredential(ctx, token); err != nil {
+	if _, err := ingest.Credentials().VerifyCredential(ctx, token); err != nil {
 		t.Fatalf("ingest verify: %v", err)
 	}
-	if _, err := ingest.LookupKey(ctx, "t1", "k1"); err != nil {
+	if _, err := ingest.Credentials().LookupKey(ctx, "t1", "k1"); err != nil {
 		t.Fatalf("ingest lookup key: %v", err)
 	}
 	in := ev("e1", 1).input()
 	in.ExpiresAt = time.Now().Add(-time.Second)
-	if r, err := ingest.Ingest(ctx, actor("t1", "d1"), in); err != nil || r.Outcome != store.OutcomeAccepted {
+	if r, err := ingest.Inbound().Ingest(ctx, actor("t1", "d1"), in); err != nil || r.Outcome != store.OutcomeAccepted {
 		t.Fatalf("ingest: %+v, %v", r, err)
 	}
 	batchIn := ev("e2", 2).input()
-	if _, err := ingest.IngestBatch(ctx, []store.BatchItem{{Actor: actor("t1", "d1"), Ingest: &batchIn},
+	if _, err := ingest.Inbound().IngestBatch(ctx, []store.BatchItem{{Actor: actor("t1", "d1"), Ingest: &batchIn},
 		{Actor: actor("t1", "d1"), Refusal: &store.AuditEntry{Outcome: "refused", Reason: "forbidden"}}}); err != nil {
 		t.Fatalf("ingest batch: %v", err)
 	}
-	if err := ingest.Audit(ctx, actor("t1", "d1"), store.AuditEntry{Outcome: "refused", Reason: "route_mismatch"}); err != nil {
+	if err := ingest.Inbound().Audit(ctx, actor("t1", "d1"), store.AuditEntry{Outcome: "refused", Reason: "route_mismatch"}); err != nil {
 		t.Fatalf("ingest audit: %v", err)
 	}
-	if _, _, err := ingest.ReadStream(ctx, "t1", "p1", "d1", 0, 10, 1<<20); err != nil {
+	if _, _, err := ingest.Inbound().ReadStream(ctx, "t1", "p1", "d1", 0, 10, 1<<20); err != nil {
 		t.Fatalf("ingest read stream: %v", err)
 	}
-	if _, err := ingest.Stream(ctx, "t1", "p1", "d1"); err != nil {
+	if _, err := ingest.Inbound().Stream(ctx, "t1", "p1", "d1"); err != nil {
 		t.Fatalf("ingest stream: %v", err)
 	}
-	if _, err := ingest.SignedBy(ctx, "t1", in.EventIdentity, in.ContentDigest, "k1"); err != nil {
+	if _, err := ingest.Credentials().SignedBy(ctx, "t1", in.EventIdentity, in.ContentDigest, "k1"); err != nil {
 		t.Fatalf("ingest signed by: %v", err)
 	}
 
-	if n, err := janitor.DeleteExpiredPayloads(ctx, time.Now(), 100); err != nil || n != 1 {
+	if n, err := janitor.Retention().DeleteExpiredPayloads(ctx, time.Now(), 100); err != nil || n != 1 {
 		t.Fatalf("janitor delete: %d, %v", n, err)
 	}
 
-	if err := operator.RetireKey(ctx, "t1", "k1"); err != nil {
+	if err := operator.Credentials().RetireKey(ctx, "t1", "k1"); err != nil {
 		t.Fatalf("operator retire: %v", err)
 	}
-	if err := operator.RevokeKey(ctx, "t1", "k1"); err != nil {
+	if err := operator.Credentials().RevokeKey(ctx, "t1", "k1"); err != nil {
 		t.Fatalf("operator revoke: %v", err)
 	}
-	if _, err := operator.PruneKeys(ctx, time.Hour); err != nil {
+	if _, err := operator.Credentials().PruneKeys(ctx, time.Hour); err != nil {
 		t.Fatalf("operator prune: %v", err)
 	}
-	if err := operator.RevokeCredential(ctx, "t1", credID); err != nil {
+	if err := operator.Credentials().RevokeCredential(ctx, "t1", credID); err != nil {
 		t.Fatalf("operator revoke credential: %v", err)
 	}
-	if rows, err := operator.ListAudit(ctx, store.AuditFilter{TenantID: "t1"}); err != nil || len(rows) != 4 {
+	if rows, err := operator.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1"}); err != nil || len(rows) != 4 {
 		t.Fatalf("operator audit list: %d rows, %v", len(rows), err)
 	}
 }
@@ -209,8 +209,8 @@ func TestWALCompressionOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		err = s.DB().QueryRowContext(ctx, `SHOW wal_compression`).Scan(&got)
+		session, err := s.SessionSettings(ctx)
+		got := session.WALCompression
 		_ = s.Close()
 		var pg *pgconn.PgError
 		switch {
@@ -234,8 +234,8 @@ func TestAsyncCommitOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		err = s.DB().QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&got)
+		session, err := s.SessionSettings(ctx)
+		got := session.SynchronousCommit
 		_ = s.Close()
 		if want := map[bool]string{false: "on", true: "off"}[async]; err != nil || got != want {
 			t.Errorf("AsyncCommit %v: synchronous_commit %q, %v; want %q", async, got, err, want)

@@ -26,14 +26,14 @@ func endpointWithRef(tenant, topic, ref string) store.Endpoint {
 func TestSecretRefBelongsToOneTenant(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	first, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-a", "x", "prod/hooks"))
+	first, err := f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-a", "x", "prod/hooks"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-a", "y", "prod/hooks")); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-a", "y", "prod/hooks")); err != nil {
 		t.Fatalf("the owner naming its ref again: %v", err)
 	}
-	_, err = f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "prod/hooks"))
+	_, err = f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "prod/hooks"))
 	wantErr(t, "another tenant's ref", err, store.ErrSecretRefForeign)
 	if strings.Contains(err.Error(), "tenant-a") {
 		t.Fatalf("the refusal names the owner: %q", err)
@@ -48,19 +48,19 @@ func TestSecretRefBelongsToOneTenant(t *testing.T) {
 	// An add refused for a taken endpoint id claims no ref.
 	taken := endpointWithRef("tenant-a", "x", "a/never")
 	taken.ID = "ep_0123456789abcdef01234567"
-	if _, err := f.s.AddEndpoint(ctx, taken); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, taken); err != nil {
 		t.Fatal(err)
 	}
 	taken.SecretRef = "a/unclaimed"
-	_, err = f.s.AddEndpoint(ctx, taken)
+	_, err = f.s.Outbox().AddEndpoint(ctx, taken)
 	wantErr(t, "taken id", err, store.ErrConflict)
-	if _, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "w", "a/unclaimed")); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "w", "a/unclaimed")); err != nil {
 		t.Fatalf("a ref named only by a refused add: %v", err)
 	}
 
 	// Updates, as the administrator (no store or envctl command changes a ref).
 	var pg *pgconn.PgError
-	b, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "b/hooks"))
+	b, err := f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "b/hooks"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +71,12 @@ func TestSecretRefBelongsToOneTenant(t *testing.T) {
 	if _, err := f.admin.ExecContext(ctx, `UPDATE endpoints SET secret_ref = 'a/next' WHERE tenant_id = 'tenant-a' AND endpoint_id = $1`, first); err != nil {
 		t.Fatalf("update to a new ref: %v", err)
 	}
-	_, err = f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "z", "a/next"))
+	_, err = f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "z", "a/next"))
 	wantErr(t, "a ref claimed by an update", err, store.ErrSecretRefForeign)
-	_, err = f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "z", "prod/hooks"))
+	_, err = f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "z", "prod/hooks"))
 	wantErr(t, "a ref whose endpoint moved on", err, store.ErrSecretRefForeign)
 	// Updates that leave the ref alone do not consult owners.
-	if err := f.s.SetEndpointState(ctx, "tenant-a", first, store.EndpointDisabled, "operator"); err != nil {
+	if err := f.s.Outbox().SetEndpointState(ctx, "tenant-a", first, store.EndpointDisabled, "operator"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -85,13 +85,13 @@ func TestSecretRefBelongsToOneTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "b2/hooks")); err != nil {
+	if _, err := f.s.Outbox().AddEndpoint(ctx, endpointWithRef("tenant-b", "x", "b2/hooks")); err != nil {
 		t.Fatal(err)
 	}
 	o := out("k-1", `{}`)
 	o.topic = "x"
 	f.enqueue(actor("tenant-b", "svc1"), o)
-	cs, err := f.s.Claim(ctx, "tenant-b", 10, time.Minute)
+	cs, err := f.s.Outbox().Claim(ctx, "tenant-b", 10, time.Minute)
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("claim: %+v, %v", cs, err)
 	}
@@ -126,7 +126,7 @@ func TestSecretRefConcurrentAdds(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					_, errs[i][j] = s.AddEndpoint(ctx, endpointWithRef(fmt.Sprintf("t%d", i), fmt.Sprintf("x%d", j), ref))
+					_, errs[i][j] = s.Outbox().AddEndpoint(ctx, endpointWithRef(fmt.Sprintf("t%d", i), fmt.Sprintf("x%d", j), ref))
 				}()
 			}
 		}

@@ -18,26 +18,26 @@ import (
 // fewer than n are left, are not. ns/msg is the figure to compare across
 // sizes.
 func BenchmarkSettleBatchSize(b *testing.B) {
-	s := benchStore(b)
+	s, admin := benchStore(b)
 	ctx := context.Background()
 	tenant := fmt.Sprintf("bench-settle-%d", time.Now().UnixNano()%1e9)
 	seedOutbox(b, s, tenant)
 	for _, n := range []int{1, 10, 100, 500, store.MaxSettleBatch} {
 		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
 			b.StopTimer()
-			resetOutbox(b, s, tenant)
+			resetOutbox(b, admin, tenant)
 			left := benchOutboxMessages
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
 				if left < n {
-					resetOutbox(b, s, tenant)
+					resetOutbox(b, admin, tenant)
 					left = benchOutboxMessages
 				}
 				ss := claimForSettle(ctx, b, s, tenant, n)
 				left -= n
 				b.StartTimer()
 				start := time.Now()
-				rs, err := s.SettleBatch(ctx, tenant, ss)
+				rs, err := s.Outbox().SettleBatch(ctx, tenant, ss)
 				elapsed += time.Since(start)
 				b.StopTimer()
 				if err == nil {
@@ -58,7 +58,7 @@ func claimForSettle(ctx context.Context, b *testing.B, s *store.Store, tenant st
 	b.Helper()
 	ss := make([]store.Settlement, 0, n)
 	for len(ss) < n {
-		cs, err := s.Claim(ctx, tenant, min(store.MaxClaim, n-len(ss)), time.Minute)
+		cs, err := s.Outbox().Claim(ctx, tenant, min(store.MaxClaim, n-len(ss)), time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -73,13 +73,58 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Store is the PostgreSQL-backed state of the inbound side. It is safe for
-// concurrent use.
+// Store is the PostgreSQL-backed state of controlplane/v1: one pool, and the
+// concerns that share it. It opens and closes the pool and answers for the
+// schema; the statements live on the concerns (Credentials, Inbound, Outbox,
+// Retention), so a caller holds only the ones it uses. It is safe for
+// concurrent use, as are the concerns.
 type Store struct {
+	*pool
+	credentials *Credentials
+	inbound     *Inbound
+	outbox      *Outbox
+	retention   *Retention
+}
+
+// pool is what the concerns share: the connection pool, the options and the
+// partition cache. Each concern embeds the same one.
+type pool struct {
 	db    *bun.DB
 	opts  Options
 	parts partitionCache
 }
+
+// Credentials holds opaque credentials (their digests) and producer keys
+// with their lifecycle (credentials.go, keys.go, and the listings in
+// admin.go).
+type Credentials struct{ *pool }
+
+// Inbound is contract §2 and §3: ingest (one envelope or a batch), the
+// audit trail, and the streams' state and pages (ingest.go, ingest_set.go,
+// audit.go, streams.go).
+type Inbound struct{ *pool }
+
+// Outbox is contract §4: endpoints, enqueue, claims and settles, dead
+// letters and replays, and delivery attempts (endpoints.go, outbox*.go, and
+// the endpoint listing and update in admin.go).
+type Outbox struct{ *pool }
+
+// Retention deletes what has expired: inbound payloads (§5), outbound
+// bodies and their attempt rows (§8.9), and backfills body expiry
+// (retention.go, outbox_retention.go).
+type Retention struct{ *pool }
+
+// Credentials is the store's credentials and producer keys.
+func (s *Store) Credentials() *Credentials { return s.credentials }
+
+// Inbound is the store's ingest, audit and streams.
+func (s *Store) Inbound() *Inbound { return s.inbound }
+
+// Outbox is the store's endpoints and outbox.
+func (s *Store) Outbox() *Outbox { return s.outbox }
+
+// Retention is the store's expiry deletes.
+func (s *Store) Retention() *Retention { return s.retention }
 
 // Open prepares a pool for dsn. It does not connect: a binary can start while
 // the database is still coming up and report not-ready (CheckSchema)
@@ -117,7 +162,8 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	sqldb.SetMaxIdleConns(o.MaxIdleConns)
 	sqldb.SetConnMaxLifetime(o.ConnMaxLifetime)
 	sqldb.SetConnMaxIdleTime(o.ConnMaxIdleTime)
-	return &Store{db: bun.NewDB(sqldb, pgdialect.New()), opts: o}, nil
+	p := &pool{db: bun.NewDB(sqldb, pgdialect.New()), opts: o}
+	return &Store{pool: p, credentials: &Credentials{p}, inbound: &Inbound{p}, outbox: &Outbox{p}, retention: &Retention{p}}, nil
 }
 
 // Close closes the pool; in-flight calls finish first.
@@ -133,13 +179,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	return classify(ctx, "ping", s.db.PingContext(ctx))
 }
 
-// DB exposes the pool for tests and tools only; services go through the
-// methods, which own the SQL.
-func (s *Store) DB() *bun.DB { return s.db }
-
 // sqlDB is the database/sql pool under bun; queries use real bind parameters
 // ($n, extended protocol) rather than bun's client-side formatting.
-func (s *Store) sqlDB() *sql.DB { return s.db.DB }
+func (s *pool) sqlDB() *sql.DB { return s.db.DB }
 
 // SchemaVersion is the applied migration version (0 on an empty database).
 // CheckSchema compares it with the version a build needs.
@@ -153,7 +195,7 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 
 // withPgx runs fn on one pooled connection as a *pgx.Conn, for pipelined
 // batches that database/sql cannot express.
-func (s *Store) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
+func (s *pool) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
 	conn, err := s.sqlDB().Conn(ctx)
 	if err != nil {
 		return err
@@ -168,7 +210,7 @@ func (s *Store) withPgx(ctx context.Context, fn func(*pgx.Conn) error) error {
 // asked for, not left to the server's default_transaction_isolation: the
 // statements that follow a lock (the fan-out guard in endpoints.go) rely on
 // each statement taking a fresh snapshot.
-func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+func (s *pool) inTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
 	tx, err := s.sqlDB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return err

@@ -29,6 +29,11 @@ func TestStoretestDatabases(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM event_identities`); n != 0 {
 		t.Fatalf("databases are not isolated: %d rows", n)
 	}
+	// AdminDB is a pool on the test's own database, beside the store's.
+	var name string
+	if err := a.admin.QueryRow(`SELECT current_database()`).Scan(&name); err != nil || a.dsn != storetest.WithDatabase(a.dsn, name) {
+		t.Fatalf("AdminDB on %q (%v), want the database of %s", name, err, a.dsn)
+	}
 	if !strings.Contains(storetest.DSNForRole(a.dsn, "envelopeworker_janitor"), "envelopeworker_janitor@") {
 		t.Fatal("DSNForRole did not set the user")
 	}
@@ -37,7 +42,7 @@ func TestStoretestDatabases(t *testing.T) {
 	if v, err := empty.SchemaVersion(ctx); err != nil || v != 0 {
 		t.Fatalf("empty database: SchemaVersion = %d, %v; want 0", v, err)
 	}
-	if _, err := empty.Stream(ctx, "t1", "p1", "d1"); !errors.Is(err, store.ErrInternal) {
+	if _, err := empty.Inbound().Stream(ctx, "t1", "p1", "d1"); !errors.Is(err, store.ErrInternal) {
 		t.Fatalf("unmigrated database: %v, want ErrInternal", err)
 	}
 }

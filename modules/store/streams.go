@@ -15,7 +15,7 @@ WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3`
 
 // Stream returns a stream's cursor and replay floor; a stream never written
 // is all zeros, not an error.
-func (s *Store) Stream(ctx context.Context, tenant, project, producer string) (StreamState, error) {
+func (s *Inbound) Stream(ctx context.Context, tenant, project, producer string) (StreamState, error) {
 	const op = "stream"
 	if !validIdentity(tenant, project, producer) {
 		return StreamState{}, newErr(op, ErrInvalid)
@@ -57,7 +57,7 @@ RETURNING cursor, replay_floor`
 // needed): sequences at or below it are refused as below_replay_floor and
 // count as settled for the cursor. Lowering is ErrConflict (the current state
 // is returned with it); setting the same floor again is a no-op.
-func (s *Store) SetReplayFloor(ctx context.Context, tenant, project, producer string, floor int64) (StreamState, error) {
+func (s *Inbound) SetReplayFloor(ctx context.Context, tenant, project, producer string, floor int64) (StreamState, error) {
 	const op = "set replay floor"
 	if !validIdentity(tenant, project, producer) || floor < 0 || floor > maxSequence {
 		return StreamState{}, newErr(op, ErrInvalid)
@@ -137,7 +137,7 @@ ORDER BY sequence`
 // of them and, past the first, at most maxBytes of envelope bytes in all
 // (an expired payload counts nothing), and the cursor. A reader continues
 // with after = the last sequence it got.
-func (s *Store) ReadStream(ctx context.Context, tenant, project, producer string, after int64, limit int, maxBytes int64) ([]StreamEnvelope, int64, error) {
+func (s *Inbound) ReadStream(ctx context.Context, tenant, project, producer string, after int64, limit int, maxBytes int64) ([]StreamEnvelope, int64, error) {
 	const op = "read stream"
 	if !validIdentity(tenant, project, producer) || after < 0 || limit < 1 || limit > MaxReadLimit || maxBytes < 1 {
 		return nil, 0, newErr(op, ErrInvalid)

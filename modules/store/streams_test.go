@@ -16,15 +16,15 @@ import (
 func TestStreamNeverWritten(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	st, err := f.s.Stream(ctx, "t1", "p1", "nobody")
+	st, err := f.s.Inbound().Stream(ctx, "t1", "p1", "nobody")
 	if err != nil || st != (store.StreamState{}) {
 		t.Fatalf("Stream = %+v, %v", st, err)
 	}
-	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "nobody", 0, 100, 1<<20)
+	envs, cursor, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "nobody", 0, 100, 1<<20)
 	if err != nil || cursor != 0 || len(envs) != 0 {
 		t.Fatalf("ReadStream = %v, %d, %v", envs, cursor, err)
 	}
-	if _, err := f.s.Stream(ctx, "t1", "", "d1"); !errors.Is(err, store.ErrInvalid) {
+	if _, err := f.s.Inbound().Stream(ctx, "t1", "", "d1"); !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("empty project: %v", err)
 	}
 }
@@ -46,7 +46,7 @@ func TestReadStream(t *testing.T) {
 	mustIngest(t, f.s, actor("t1", "d2"), env{tenant: "t1", project: "p1", producer: "d2", eventID: "x", seq: 1}.input())
 	mustIngest(t, f.s, actor("t2", "d1"), env{tenant: "t2", project: "p1", producer: "d1", eventID: "y", seq: 1}.input())
 
-	envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 0, 100, 1<<20)
+	envs, cursor, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 0, 100, 1<<20)
 	if err != nil || cursor != 3 || len(envs) != 3 {
 		t.Fatalf("ReadStream = %d envelopes, cursor %d, %v; want 3 up to the cursor", len(envs), cursor, err)
 	}
@@ -65,11 +65,11 @@ func TestReadStream(t *testing.T) {
 		}
 	}
 	// Paging.
-	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 1, 1, 1<<20)
+	envs, cursor, err = f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 1, 1, 1<<20)
 	if err != nil || cursor != 3 || len(envs) != 1 || envs[0].Sequence != 2 {
 		t.Fatalf("page after 1: %+v, %d, %v", envs, cursor, err)
 	}
-	envs, _, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
+	envs, _, err = f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
 	if err != nil || len(envs) != 0 {
 		t.Fatalf("after the cursor: %+v, %v", envs, err)
 	}
@@ -78,7 +78,7 @@ func TestReadStream(t *testing.T) {
 	if _, err := f.admin.Exec(`DELETE FROM inbound_payloads WHERE event_identity = decode($1, 'hex')`, ins[5].EventIdentity); err != nil {
 		t.Fatal(err)
 	}
-	envs, cursor, err = f.s.ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
+	envs, cursor, err = f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 3, 100, 1<<20)
 	if err != nil || cursor != 6 || len(envs) != 3 || envs[1].Sequence != 5 || !envs[1].PayloadExpired || envs[1].Envelope != nil || envs[2].PayloadExpired {
 		t.Fatalf("after the fill: %+v, %d, %v", envs, cursor, err)
 	}
@@ -86,11 +86,11 @@ func TestReadStream(t *testing.T) {
 		after int64
 		limit int
 	}{"negative after": {-1, 10}, "zero limit": {0, 0}, "huge limit": {0, store.MaxReadLimit + 1}} {
-		if _, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", c.after, c.limit, 1<<20); !errors.Is(err, store.ErrInvalid) {
+		if _, _, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", c.after, c.limit, 1<<20); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 0, 10, 0); !errors.Is(err, store.ErrInvalid) {
+	if _, _, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 0, 10, 0); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("no byte budget: %v", err)
 	}
 }
@@ -119,7 +119,7 @@ func TestReadStreamByteBudget(t *testing.T) {
 	budget := int64(sizes[2] + sizes[3] + sizes[5]/2) // two envelopes and a half
 	var pages [][]int64
 	for after := int64(0); ; {
-		envs, cursor, err := f.s.ReadStream(ctx, "t1", "p1", "d1", after, 100, budget)
+		envs, cursor, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", after, 100, budget)
 		if err != nil || cursor != 6 {
 			t.Fatalf("after %d: cursor %d, %v", after, cursor, err)
 		}
@@ -137,7 +137,7 @@ func TestReadStreamByteBudget(t *testing.T) {
 		t.Fatalf("pages %s, want %s (sizes %v, budget %d)", got, want, sizes, budget)
 	}
 	// limit still applies inside the budget.
-	envs, _, err := f.s.ReadStream(ctx, "t1", "p1", "d1", 1, 1, budget)
+	envs, _, err := f.s.Inbound().ReadStream(ctx, "t1", "p1", "d1", 1, 1, budget)
 	if err != nil || len(envs) != 1 || envs[0].Sequence != 2 {
 		t.Fatalf("limit 1: %+v, %v", envs, err)
 	}
@@ -163,23 +163,23 @@ func TestSetReplayFloor(t *testing.T) {
 		{9, store.StreamState{Cursor: 9, ReplayFloor: 9}, nil}, // floor past everything
 	}
 	for _, st := range steps {
-		got, err := f.s.SetReplayFloor(ctx, "t1", "p1", "d1", st.floor)
+		got, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", "d1", st.floor)
 		if !errors.Is(err, st.err) || (st.err == nil && err != nil) || got != st.want {
 			t.Fatalf("floor %d: %+v, %v; want %+v, %v", st.floor, got, err, st.want, st.err)
 		}
-		if s, _ := f.s.Stream(ctx, "t1", "p1", "d1"); s != st.want {
+		if s, _ := f.s.Inbound().Stream(ctx, "t1", "p1", "d1"); s != st.want {
 			t.Fatalf("floor %d: stored %+v", st.floor, s)
 		}
 	}
 	// A floor on a stream never written creates it.
-	if got, err := f.s.SetReplayFloor(ctx, "t1", "p1", "fresh", 3); err != nil || got != (store.StreamState{Cursor: 3, ReplayFloor: 3}) {
+	if got, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", "fresh", 3); err != nil || got != (store.StreamState{Cursor: 3, ReplayFloor: 3}) {
 		t.Fatalf("fresh stream: %+v, %v", got, err)
 	}
 	if r := mustIngest(t, f.s, actor("t1", "fresh"), env{tenant: "t1", project: "p1", producer: "fresh", eventID: "f4", seq: 4}.input()); r.Outcome != store.OutcomeAccepted || r.Cursor != 4 {
 		t.Fatalf("first envelope above the floor: %+v", r)
 	}
 	for _, floor := range []int64{-1, 1 << 53} {
-		if _, err := f.s.SetReplayFloor(ctx, "t1", "p1", "d1", floor); !errors.Is(err, store.ErrInvalid) {
+		if _, err := f.s.Inbound().SetReplayFloor(ctx, "t1", "p1", "d1", floor); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("floor %d: %v", floor, err)
 		}
 	}
@@ -191,22 +191,22 @@ func TestListAudit(t *testing.T) {
 	for i, p := range []string{"p1", "p2", "p1", "", "p1"} {
 		a := actor("t1", "d1")
 		a.CorrelationID = "c" + string(rune('0'+i))
-		if err := f.s.Audit(ctx, a, store.AuditEntry{ProjectID: p, Outcome: "refused", Reason: "forbidden"}); err != nil {
+		if err := f.s.Inbound().Audit(ctx, a, store.AuditEntry{ProjectID: p, Outcome: "refused", Reason: "forbidden"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := f.s.Audit(ctx, actor("t2", "d1"), store.AuditEntry{Outcome: "refused", Reason: "forbidden"}); err != nil {
+	if err := f.s.Inbound().Audit(ctx, actor("t2", "d1"), store.AuditEntry{Outcome: "refused", Reason: "forbidden"}); err != nil {
 		t.Fatal(err)
 	}
-	all, err := f.s.ListAudit(ctx, store.AuditFilter{TenantID: "t1"})
+	all, err := f.s.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1"})
 	if err != nil || len(all) != 5 || all[0].CorrelationID != "c4" || all[4].CorrelationID != "c0" {
 		t.Fatalf("all: %+v, %v", all, err)
 	}
-	p1, err := f.s.ListAudit(ctx, store.AuditFilter{TenantID: "t1", ProjectID: "p1", Limit: 2})
+	p1, err := f.s.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1", ProjectID: "p1", Limit: 2})
 	if err != nil || len(p1) != 2 || p1[0].CorrelationID != "c4" || p1[1].CorrelationID != "c2" {
 		t.Fatalf("p1 page 1: %+v, %v", p1, err)
 	}
-	next, err := f.s.ListAudit(ctx, store.AuditFilter{TenantID: "t1", ProjectID: "p1", Limit: 2, BeforeID: p1[1].ID})
+	next, err := f.s.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1", ProjectID: "p1", Limit: 2, BeforeID: p1[1].ID})
 	if err != nil || len(next) != 1 || next[0].CorrelationID != "c0" {
 		t.Fatalf("p1 page 2: %+v, %v", next, err)
 	}
@@ -217,7 +217,7 @@ func TestListAudit(t *testing.T) {
 		"huge limit":     {TenantID: "t1", Limit: store.MaxAuditLimit + 1},
 		"negative page":  {TenantID: "t1", BeforeID: -1},
 	} {
-		if _, err := f.s.ListAudit(ctx, flt); !errors.Is(err, store.ErrInvalid) {
+		if _, err := f.s.Inbound().ListAudit(ctx, flt); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -237,7 +237,7 @@ func TestDeleteExpiredPayloads(t *testing.T) {
 	}
 	before := f.tableCounts()
 	streams := f.snapshot()
-	n, err := f.s.DeleteExpiredPayloads(ctx, now, 2)
+	n, err := f.s.Retention().DeleteExpiredPayloads(ctx, now, 2)
 	if err != nil || n != 2 {
 		t.Fatalf("first pass: %d, %v", n, err)
 	}
@@ -245,11 +245,11 @@ func TestDeleteExpiredPayloads(t *testing.T) {
 	if got := f.count(`SELECT count(*) FROM inbound_payloads p JOIN event_identities e USING (tenant_id, event_identity) WHERE e.sequence IN (4, 5)`); got != 0 {
 		t.Fatalf("the oldest payloads were not deleted first")
 	}
-	n, err = f.s.DeleteExpiredPayloads(ctx, now, store.MaxDeleteBatch)
+	n, err = f.s.Retention().DeleteExpiredPayloads(ctx, now, store.MaxDeleteBatch)
 	if err != nil || n != 3 {
 		t.Fatalf("second pass: %d, %v", n, err)
 	}
-	if n, err = f.s.DeleteExpiredPayloads(ctx, now, store.MaxDeleteBatch); err != nil || n != 0 {
+	if n, err = f.s.Retention().DeleteExpiredPayloads(ctx, now, store.MaxDeleteBatch); err != nil || n != 0 {
 		t.Fatalf("nothing left: %d, %v", n, err)
 	}
 	after := f.tableCounts()
@@ -260,7 +260,7 @@ func TestDeleteExpiredPayloads(t *testing.T) {
 		t.Fatal("retention changed identities, streams or audit")
 	}
 	for _, b := range []int{0, -1, store.MaxDeleteBatch + 1} {
-		if _, err := f.s.DeleteExpiredPayloads(ctx, now, b); !errors.Is(err, store.ErrInvalid) {
+		if _, err := f.s.Retention().DeleteExpiredPayloads(ctx, now, b); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("batch %d: %v", b, err)
 		}
 	}
@@ -310,14 +310,14 @@ func TestDeleteExpiredRefusesAnInheritedTable(t *testing.T) {
 ALTER TABLE outbound_bodies ATTACH PARTITION stray_outbound_bodies FOR VALUES WITH (MODULUS 8, REMAINDER 0)`); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.s.DeleteExpiredOutbound(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
+			if _, err := f.s.Retention().DeleteExpiredOutbound(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
 				t.Fatalf("DeleteExpiredOutbound with a sub-partitioned partition = %v, want ErrInternal", err)
 			}
 			return
 		}
 		t.Fatal(err)
 	}
-	if _, err := f.s.DeleteExpiredPayloads(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
+	if _, err := f.s.Retention().DeleteExpiredPayloads(ctx, time.Now(), 10); !errors.Is(err, store.ErrInternal) {
 		t.Fatalf("DeleteExpiredPayloads on an inherited table = %v, want ErrInternal", err)
 	}
 }

@@ -18,14 +18,14 @@ func TestVerifiedWithKeyCheck(t *testing.T) {
 	a := actor("t1", "d1")
 	pub, other := newKey(t), newKey(t)
 	for _, k := range []string{"k1", "k-retired", "k-revoked"} {
-		if err := f.s.AddKey(ctx, "t1", k, pub); err != nil {
+		if err := f.s.Credentials().AddKey(ctx, "t1", k, pub); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := f.s.RetireKey(ctx, "t1", "k-retired"); err != nil {
+	if err := f.s.Credentials().RetireKey(ctx, "t1", "k-retired"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.RevokeKey(ctx, "t1", "k-revoked"); err != nil {
+	if err := f.s.Credentials().RevokeKey(ctx, "t1", "k-revoked"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -74,7 +74,7 @@ func TestVerifiedWithKeyCheck(t *testing.T) {
 	}
 	in3 := next("k1", nil) // no check asked: decided whatever the key
 	items = append(items, store.BatchItem{Actor: a, Ingest: &in3})
-	rs, err := f.s.IngestBatch(ctx, items)
+	rs, err := f.s.Inbound().IngestBatch(ctx, items)
 	if err != nil {
 		t.Fatal(err)
 	}

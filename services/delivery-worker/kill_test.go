@@ -130,12 +130,12 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 	st := storetest.Open(t, dsn)
 	ctx := context.Background()
 	sink := newKillSink(t)
-	if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
+	if _, err := st.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
 		URL: sink.srv.URL + "/hook", SecretRef: "ep"}); err != nil {
 		t.Fatalf("AddEndpoint: %v", err)
 	}
 	key := "kill-test-key"
-	res, err := st.Enqueue(ctx, store.Actor{TenantID: "t1", DeviceID: "svc1", CorrelationID: "c-kill"},
+	res, err := st.Outbox().Enqueue(ctx, store.Actor{TenantID: "t1", DeviceID: "svc1", CorrelationID: "c-kill"},
 		store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: "orders",
 			IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte("body " + key)),
@@ -186,7 +186,7 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 		t.Fatalf("first worker ended with %v; want killed by SIGKILL", first.err)
 	}
 
-	admin := st.DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	var status string
 	var attempts int
 	var leaseEnd time.Time
@@ -200,11 +200,11 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 
 	second := startWorker(t, bin, env)
 	waitFor(t, 30*time.Second, "the second worker to deliver", func() bool {
-		s, err := st.OutboxMessage(ctx, "t1", id)
+		s, err := st.Outbox().OutboxMessage(ctx, "t1", id)
 		return err == nil && s.Status == "delivered"
 	})
 
-	m, err := st.OutboxMessage(ctx, "t1", id)
+	m, err := st.Outbox().OutboxMessage(ctx, "t1", id)
 	if err != nil {
 		t.Fatalf("OutboxMessage: %v", err)
 	}
@@ -220,7 +220,7 @@ func TestSIGKILLMidRequestIsRedeliveredAfterLease(t *testing.T) {
 	}
 	// The history (contract §8.8), written by the delivery role: the killed
 	// attempt as lease_expired, lasting the lease, then the delivery.
-	as, err := st.OutboxAttempts(ctx, "t1", id)
+	as, err := st.Outbox().OutboxAttempts(ctx, "t1", id)
 	if err != nil || len(as) != 2 {
 		t.Fatalf("attempts %+v, %v", as, err)
 	}

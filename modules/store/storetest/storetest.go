@@ -237,6 +237,23 @@ func Open(t testing.TB, dsn string) *store.Store {
 	return s
 }
 
+// AdminDB opens a plain pool on dsn (a database NewDatabase made, or any
+// DSN a test names), closed when the test ends: the handle tests use to set
+// up rows and look behind the store's API, which keeps its own pool to
+// itself. It does not connect until first used.
+func AdminDB(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("storetest: open admin pool: %v", err)
+	}
+	// Small, as Open's: many test databases share one server's connection
+	// limit.
+	db.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
 func randomHex(n int) string {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {

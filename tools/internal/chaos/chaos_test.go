@@ -183,7 +183,7 @@ func TestCheckerCatchesViolations(t *testing.T) {
 		s := &SentEnvelope{Producer: "dev-01", Project: project, Sequence: seq, EventIdentity: e.EventIdentity(),
 			ContentDigest: e.ContentDigest(), Canonical: e.Canonical(), Outcome: "accepted", Acks: 1, MaxCursor: seq}
 		if commit {
-			r, err := st.Ingest(ctx, actor, store.IngestInput{ProjectID: project, ProducerID: "dev-01",
+			r, err := st.Inbound().Ingest(ctx, actor, store.IngestInput{ProjectID: project, ProducerID: "dev-01",
 				EventIdentity: e.EventIdentity(), KeyID: "dev-01", IdempotencyDigest: e.IdempotencyDigest(),
 				ContentDigest: e.ContentDigest(), Sequence: seq, IssuedAt: time.Now(), Canonical: e.Canonical(),
 				ExpiresAt: time.Now().Add(time.Hour)})
@@ -195,12 +195,12 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	}
 	ledger.Envelopes = append(ledger.Envelopes, ingest(1, true), ingest(2, true))
 
-	if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: topic,
+	if _, err := st.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: topic,
 		URL: "http://127.0.0.1:9/a", SecretRef: "chaos-hook"}); err != nil {
 		t.Fatal(err)
 	}
 	enqueue := func(key string) *SentOutbox {
-		res, err := st.Enqueue(ctx, store.Actor{TenantID: tenant, AccountID: "acct", DeviceID: "svc-1", CorrelationID: "c-" + key},
+		res, err := st.Outbox().Enqueue(ctx, store.Actor{TenantID: tenant, AccountID: "acct", DeviceID: "svc-1", CorrelationID: "c-" + key},
 			store.EnqueueRequest{ProjectID: project, ProducerID: "svc-1", Topic: topic,
 				IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte("req " + key)), MaxAttempts: 5,
 				Build: func(seq int64) ([]byte, string, error) {
@@ -216,12 +216,12 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	ledger.Outbox = append(ledger.Outbox, delivered)
 	id := delivered.MessageIDs[0]
 	before := time.Now()
-	claimed, err := st.Claim(ctx, tenant, 10, time.Minute)
+	claimed, err := st.Outbox().Claim(ctx, tenant, 10, time.Minute)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v %d", err, len(claimed))
 	}
 	receipts := map[string][]Receipt{id: {{MessageID: id, Arrived: before, Finished: before, Answer: "204"}}}
-	if err := st.MarkDelivered(ctx, tenant, id, claimed[0].Attempt); err != nil {
+	if err := st.Outbox().MarkDelivered(ctx, tenant, id, claimed[0].Attempt); err != nil {
 		t.Fatal(err)
 	}
 

@@ -170,20 +170,20 @@ func prepare(ctx context.Context, dsn, dir, sinkURL string, sinkSecret []byte, p
 		if err != nil {
 			return su, fmt.Errorf("key: %w", err)
 		}
-		if err := st.AddKey(ctx, tenant, dev, pub); err != nil {
+		if err := st.Credentials().AddKey(ctx, tenant, dev, pub); err != nil {
 			return su, fmt.Errorf("add key: %w", err)
 		}
-		tok, _, err := st.IssueCredential(ctx, tenant, "acct", dev, "device")
+		tok, _, err := st.Credentials().IssueCredential(ctx, tenant, "acct", dev, "device")
 		if err != nil {
 			return su, fmt.Errorf("credential: %w", err)
 		}
 		su.producers = append(su.producers, ProducerCred{Device: dev, KeyID: dev, Token: tok, Key: priv})
 	}
-	if su.service, _, err = st.IssueCredential(ctx, tenant, "acct", "svc-1", "service"); err != nil {
+	if su.service, _, err = st.Credentials().IssueCredential(ctx, tenant, "acct", "svc-1", "service"); err != nil {
 		return su, fmt.Errorf("service credential: %w", err)
 	}
 	for _, path := range []string{"/a", "/b"} {
-		if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: topic,
+		if _, err := st.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: topic,
 			URL: sinkURL + path, SecretRef: "chaos-hook"}); err != nil {
 			return su, fmt.Errorf("endpoint: %w", err)
 		}

@@ -180,7 +180,7 @@ func makeDeadLetters(t *testing.T, dsn, tenant, project, topic string, n int) []
 	var ids []string
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("dead-%d", i)
-		res, err := s.Enqueue(ctx, a, store.EnqueueRequest{
+		res, err := s.Outbox().Enqueue(ctx, a, store.EnqueueRequest{
 			ProjectID: project, ProducerID: "svc1", Topic: topic,
 			IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)), MaxAttempts: 1,
 			Build: func(seq int64) ([]byte, string, error) {
@@ -195,12 +195,12 @@ func makeDeadLetters(t *testing.T, dsn, tenant, project, topic string, n int) []
 		}
 		ids = append(ids, res.MessageIDs[0])
 	}
-	cs, err := s.Claim(ctx, tenant, store.MaxClaim, time.Minute)
+	cs, err := s.Outbox().Claim(ctx, tenant, store.MaxClaim, time.Minute)
 	if err != nil || len(cs) != n {
 		t.Fatalf("claim: %d, %v", len(cs), err)
 	}
 	for _, id := range ids {
-		if err := s.MarkDead(ctx, tenant, id, 1, store.CodeHTTP5xx, false); err != nil {
+		if err := s.Outbox().MarkDead(ctx, tenant, id, 1, store.CodeHTTP5xx, false); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -268,7 +268,7 @@ func TestToolsAgainstIngestAPI(t *testing.T) {
 		}
 		// The streams are complete: every producer's cursor is at its last sequence (51, 51, 50, 50).
 		for i, want := range []int64{51, 51, 50, 50} {
-			st, err := s.Stream(context.Background(), "lg", plan.Project(), creds.Producers[i].Device)
+			st, err := s.Inbound().Stream(context.Background(), "lg", plan.Project(), creds.Producers[i].Device)
 			if err != nil || st.Cursor != want {
 				t.Errorf("batch=%d producer %d: cursor %d, %v; want %d", b, i, st.Cursor, err, want)
 			}

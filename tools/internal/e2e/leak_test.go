@@ -382,10 +382,10 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	keep(call(t, http.MethodPost, api+"/v1/outbox", device, []byte(`{"project_id":"proj-1","topic":"t.ok","idempotency_key":"`+idemMark+`-dev","kind":"proposal","payload":{"m":"`+payloadMark+`"}}`)))
 	keep(call(t, http.MethodPost, api+"/v1/outbox", svc, []byte(`{"project_id":"proj-1","topic":"t.ok","idempotency_key":"`+idemMark+`-bad","kind":"proposal","payload":{"m":"`+payloadMark+`"},"extra":"`+payloadMark+`"}`)))
 
-	st := storetest.Open(t, dsn)
+	admin := storetest.AdminDB(t, dsn)
 	settled := func() bool {
 		var n int
-		if err := st.DB().DB.QueryRowContext(ctx, `SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'delivering')`).Scan(&n); err != nil {
+		if err := admin.QueryRowContext(ctx, `SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'delivering')`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0
@@ -400,7 +400,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	}
 	waitSettled()
 	codes := map[string]string{}
-	rows, err := st.DB().DB.QueryContext(ctx, `SELECT topic, status, last_error_code FROM outbox_messages`)
+	rows, err := admin.QueryContext(ctx, `SELECT topic, status, last_error_code FROM outbox_messages`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +429,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 		keep(call(t, http.MethodGet, api+"/v1/outbox/"+id+"/attempts", ops, nil))
 	}
 	var failID string
-	if err := st.DB().DB.QueryRowContext(ctx, `SELECT message_id FROM outbox_messages WHERE topic = 't.fail'`).Scan(&failID); err != nil {
+	if err := admin.QueryRowContext(ctx, `SELECT message_id FROM outbox_messages WHERE topic = 't.fail'`).Scan(&failID); err != nil {
 		t.Fatal(err)
 	}
 	if a := keep(call(t, http.MethodPost, api+"/v1/dead-letters/"+failID+"/replay", ops, nil)); a.status != 200 {
@@ -461,7 +461,7 @@ func TestNoSecretLeaksEndToEnd(t *testing.T) {
 	// contract, and the endpoint URL (configuration, with its query token).
 	dump := func(q string) string {
 		t.Helper()
-		rows, err := st.DB().DB.QueryContext(ctx, q)
+		rows, err := admin.QueryContext(ctx, q)
 		if err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}

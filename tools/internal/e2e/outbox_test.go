@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -23,7 +23,7 @@ import (
 type outboxStack struct {
 	dsn, keysFile, svc, device string
 	bin                        string
-	st                         *store.Store
+	admin                      *sql.DB
 }
 
 func newOutboxStack(t *testing.T) *outboxStack {
@@ -47,7 +47,7 @@ func newOutboxStack(t *testing.T) *outboxStack {
 		t.Fatalf("endpoint add: %+v", r)
 	}
 	s.bin = buildService(t, "ingest-api")
-	s.st = storetest.Open(t, s.dsn)
+	s.admin = storetest.AdminDB(t, s.dsn)
 	return s
 }
 
@@ -88,7 +88,7 @@ func (s *outboxStack) start(t *testing.T, extra ...string) (string, *exec.Cmd, *
 func (s *outboxStack) count(t *testing.T, query string) int {
 	t.Helper()
 	var n int
-	if err := s.st.DB().DB.QueryRowContext(context.Background(), query).Scan(&n); err != nil {
+	if err := s.admin.QueryRowContext(context.Background(), query).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -142,7 +142,7 @@ func setUpCrashDevice(t *testing.T, dsn, tenant string) (string, []byte) {
 // the top.
 func checkProducerStream(t *testing.T, s *store.Store, tenant string, events int) {
 	t.Helper()
-	rows, cursor, err := s.ReadStream(context.Background(), tenant, crashProject, crashDevice, 0, 100, envelope.MaxPageBytes)
+	rows, cursor, err := s.Inbound().ReadStream(context.Background(), tenant, crashProject, crashDevice, 0, 100, envelope.MaxPageBytes)
 	if err != nil {
 		t.Fatal(err)
 	}

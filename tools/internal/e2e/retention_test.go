@@ -145,14 +145,14 @@ func TestOutboundRetentionEndToEnd(t *testing.T) {
 		t.Fatalf("payload_expired before the janitor ran: %v", status(okID))
 	}
 	// Attempt rows, as the worker records them (§8.8), to expire with the body.
-	st := storetest.Open(t, dsn)
-	if _, err := st.DB().DB.Exec(`INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, result)
+	admin := storetest.AdminDB(t, dsn)
+	if _, err := admin.Exec(`INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, result)
 		SELECT tenant_id, message_id, attempts, now(), 1, 'retry' FROM outbox_messages
 		ON CONFLICT DO NOTHING`); err != nil {
 		t.Fatal(err)
 	}
 	wantAttempts := 0
-	if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_attempts`).Scan(&wantAttempts); err != nil || wantAttempts < 2 {
+	if err := admin.QueryRow(`SELECT count(*) FROM outbox_attempts`).Scan(&wantAttempts); err != nil || wantAttempts < 2 {
 		t.Fatalf("attempt rows: %d, %v", wantAttempts, err)
 	}
 

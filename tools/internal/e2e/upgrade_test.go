@@ -32,7 +32,7 @@ type upgradeRig struct {
 func newUpgradeRig(t *testing.T) *upgradeRig {
 	t.Helper()
 	r := &upgradeRig{dsn: storetest.NewDatabase(t), dir: t.TempDir()}
-	r.admin = storetest.Open(t, r.dsn).DB().DB
+	r.admin = storetest.AdminDB(t, r.dsn)
 	outSeed, _ := randomB64(t, 32, base64.RawURLEncoding)
 	r.keysFile = filepath.Join(r.dir, "outbound-keys.json")
 	if err := os.WriteFile(r.keysFile, []byte(`{"up":{"key_id":"out-1","seed":"`+outSeed+`"}}`), 0o600); err != nil {

@@ -62,7 +62,7 @@ type listing[T any] struct {
 	what string // what is listed, for --limit's help: "keys"
 	// flags adds the listing's own flags to fs and returns their check (run after parse), or nil.
 	flags func(fs *flag.FlagSet) (check func() error)
-	// list reads one page; a method expression such as (*store.Store).ListKeys fits.
+	// list reads one page of the concern that holds the rows.
 	list func(s *store.Store, ctx context.Context, page store.AdminPage) ([]T, error)
 	line func(T) (v any, id string) // the JSON line and the id --after continues from
 }
@@ -116,7 +116,7 @@ func runEndpointList(ctx context.Context, c *cli, path string, args []string) in
 			}
 		},
 		list: func(s *store.Store, ctx context.Context, page store.AdminPage) ([]store.Endpoint, error) {
-			return s.ListEndpoints(ctx, page, *project)
+			return s.Outbox().ListEndpoints(ctx, page, *project)
 		},
 		line: func(e store.Endpoint) (any, string) { return newEndpointLine(e), e.ID },
 	}.run(ctx, c, path, args)
@@ -148,7 +148,7 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 		return code
 	}
 	defer cancel()
-	if err := s.UpdateEndpoint(cctx, tenant, id, *rawURL, *secretRef); err != nil {
+	if err := s.Outbox().UpdateEndpoint(cctx, tenant, id, *rawURL, *secretRef); err != nil {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return c.failure(path, "no endpoint %q in tenant %s", id, tenant)
@@ -159,7 +159,7 @@ func runEndpointUpdate(ctx context.Context, c *cli, path string, args []string) 
 		}
 		return c.storeFailure(path, err)
 	}
-	e, err := s.GetEndpoint(cctx, tenant, id)
+	e, err := s.Outbox().GetEndpoint(cctx, tenant, id)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -184,7 +184,9 @@ func newKeyLine(k store.Key) (any, string) {
 }
 
 func runKeyList(ctx context.Context, c *cli, path string, args []string) int {
-	keys := listing[store.Key]{what: "keys", list: (*store.Store).ListKeys, line: newKeyLine}
+	keys := listing[store.Key]{what: "keys", list: func(s *store.Store, ctx context.Context, page store.AdminPage) ([]store.Key, error) {
+		return s.Credentials().ListKeys(ctx, page)
+	}, line: newKeyLine}
 	return keys.run(ctx, c, path, args)
 }
 
@@ -208,7 +210,9 @@ func newCredentialLine(cr store.Credential) (any, string) {
 
 func runCredentialList(ctx context.Context, c *cli, path string, args []string) int {
 	credentials := listing[store.Credential]{what: "credentials",
-		list: (*store.Store).ListCredentials, line: newCredentialLine}
+		list: func(s *store.Store, ctx context.Context, page store.AdminPage) ([]store.Credential, error) {
+			return s.Credentials().ListCredentials(ctx, page)
+		}, line: newCredentialLine}
 	return credentials.run(ctx, c, path, args)
 }
 

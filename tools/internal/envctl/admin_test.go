@@ -155,7 +155,7 @@ func TestKeyAndCredentialList(t *testing.T) {
 		run(t, ops, "key", "add", "--tenant", "t1", "--key-id", k, "--public-key", pubs[k]).expect(t, ExitOK, "")
 	}
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)
-	must(t, admin.AddKey(ctx, "t2", "k9", pub))
+	must(t, admin.Credentials().AddKey(ctx, "t2", "k9", pub))
 	run(t, ops, "key", "retire", "--tenant", "t1", "--key-id", "k2").expect(t, ExitOK, "")
 
 	r := run(t, ops, "key", "list", "--tenant", "t1")
@@ -182,11 +182,11 @@ func TestKeyAndCredentialList(t *testing.T) {
 	var tokens []string
 	var ids []string
 	for _, dev := range []string{"d1", "d2"} {
-		tok, id, err := admin.IssueCredential(ctx, "t1", "a1", dev, store.RoleDevice)
+		tok, id, err := admin.Credentials().IssueCredential(ctx, "t1", "a1", dev, store.RoleDevice)
 		must(t, err)
 		tokens, ids = append(tokens, tok), append(ids, id)
 	}
-	_, _, err := admin.IssueCredential(ctx, "t2", "a1", "d1", store.RoleDevice)
+	_, _, err := admin.Credentials().IssueCredential(ctx, "t2", "a1", "d1", store.RoleDevice)
 	must(t, err)
 	run(t, ops, "credential", "revoke", "--tenant", "t1", "--id", ids[0]).expect(t, ExitOK, "")
 	r = run(t, ops, "credential", "list", "--tenant", "t1")
@@ -257,7 +257,7 @@ func TestMigrateStatusAndDryRun(t *testing.T) {
 	}
 
 	// A later release's row is "newer"; an edited file is "modified" and fails status and dry-run.
-	db := s.DB().DB
+	db := storetest.AdminDB(t, dsn)
 	if _, err := db.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'later.sql', 'theirs')`, migrations.Latest()+1); err != nil {
 		t.Fatal(err)
 	}
@@ -278,8 +278,8 @@ func TestMigrateStatusAndDryRun(t *testing.T) {
 }
 
 func TestAuditListFilters(t *testing.T) {
-	admin, _, ops := operatorDSN(t)
-	db := admin.DB().DB
+	_, dsn, ops := operatorDSN(t)
+	db := storetest.AdminDB(t, dsn)
 	base := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
 	// Five rows an hour apart: accepted, refused, accepted, replayed, accepted; one of another tenant.
 	for i, o := range []string{"accepted", "refused", "accepted", "replayed", "accepted"} {
@@ -342,20 +342,20 @@ func deadLetters(t *testing.T, s *store.Store, topic, code string, n int) []stri
 	}
 	claimOnly(t, s, ids...)
 	for _, id := range ids {
-		must(t, s.MarkDead(context.Background(), "t1", id, 1, code, false))
+		must(t, s.Outbox().MarkDead(context.Background(), "t1", id, 1, code, false))
 	}
 	return ids
 }
 
 func TestDLQBulkReplay(t *testing.T) {
-	admin, _, ops := operatorDSN(t)
+	admin, dsn, ops := operatorDSN(t)
 	ctx := context.Background()
 	epX := addEndpointCLI(t, ops, "t1", "p1", "x", "https://hooks.example.test/x")
 	addEndpointCLI(t, ops, "t1", "p1", "y", "https://hooks.example.test/y")
 	x5xx := deadLetters(t, admin, "x", store.CodeHTTP5xx, 3)
 	yTimeout := deadLetters(t, admin, "y", store.CodeTimeout, 2)
 	deadCount := func() int {
-		dls, _, err := admin.ListDeadLetters(ctx, "t1", "p1", store.MaxDeadLetterPage, "")
+		dls, _, err := admin.Outbox().ListDeadLetters(ctx, "t1", "p1", store.MaxDeadLetterPage, "")
 		must(t, err)
 		return len(dls)
 	}
@@ -371,7 +371,7 @@ func TestDLQBulkReplay(t *testing.T) {
 	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), "--dry-run")
 	r.expect(t, ExitOK, "dry run: 0 dead letter(s)")
 	// --since skips what died before it: the first letter died an hour ago.
-	if _, err := admin.DB().DB.Exec(`UPDATE outbox_messages SET dead_at = now() - interval '1 hour' WHERE message_id = $1`, x5xx[0]); err != nil {
+	if _, err := storetest.AdminDB(t, dsn).Exec(`UPDATE outbox_messages SET dead_at = now() - interval '1 hour' WHERE message_id = $1`, x5xx[0]); err != nil {
 		t.Fatal(err)
 	}
 	r = run(t, ops, "dlq", "replay", "--tenant", "t1", "--project", "p1", "--since", time.Now().Add(-30*time.Minute).Format(time.RFC3339), "--dry-run")
@@ -404,7 +404,7 @@ func TestDLQBulkReplay(t *testing.T) {
 	}
 	corr := r.stderr[strings.Index(r.stderr, "envctl-"):]
 	corr = strings.TrimSpace(corr)
-	recs, err := admin.ListAudit(ctx, store.AuditFilter{TenantID: "t1", Outcome: store.OutcomeReplayed})
+	recs, err := admin.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1", Outcome: store.OutcomeReplayed})
 	must(t, err)
 	if len(recs) != 2 {
 		t.Fatalf("bulk replay of 2 wrote %d audit rows", len(recs))

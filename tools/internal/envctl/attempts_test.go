@@ -29,13 +29,13 @@ func TestOutboxShowAndAttempts(t *testing.T) {
 
 	claimOnly(t, s, id)
 	started := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	if rs, err := s.SettleBatch(ctx, "t1", []store.Settlement{{MessageID: id, Attempt: 1, Outcome: store.SettleRetry,
+	if rs, err := s.Outbox().SettleBatch(ctx, "t1", []store.Settlement{{MessageID: id, Attempt: 1, Outcome: store.SettleRetry,
 		Next: time.Now().Add(-time.Second), Code: store.CodeHTTP5xx, StartedAt: started, Duration: 250 * time.Millisecond,
 		HTTPStatus: 502}}); err != nil || rs[0] != nil {
 		t.Fatalf("settle: %v %v", rs, err)
 	}
 	claimOnly(t, s, id)
-	must(t, s.MarkRetry(ctx, "t1", id, 2, time.Now().Add(time.Hour), store.CodeConnectFailed))
+	must(t, s.Outbox().MarkRetry(ctx, "t1", id, 2, time.Now().Add(time.Hour), store.CodeConnectFailed))
 
 	r = run(t, ops, "outbox", "show", "--tenant", "t1", "--id", id)
 	r.expect(t, ExitOK, "")

@@ -177,7 +177,7 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 	}
 	defer cancel()
 	tenant, device := fs.Lookup("tenant").Value.String(), fs.Lookup("device").Value.String()
-	token, id, err := s.IssueCredential(cctx, tenant, fs.Lookup("account").Value.String(), device, role)
+	token, id, err := s.Credentials().IssueCredential(cctx, tenant, fs.Lookup("account").Value.String(), device, role)
 	if err != nil {
 		if errors.Is(err, store.ErrInvalid) {
 			return c.failure(path, "refused: %v", err)
@@ -194,7 +194,7 @@ func runCredentialIssue(ctx context.Context, c *cli, path string, args []string)
 func runCredentialRevoke(ctx context.Context, c *cli, path string, args []string) int {
 	o := c.objectFlags(path, "a credential id", "credential id, as printed by credential issue", maxCredentialID)
 	return o.run(ctx, c, path, args, "credential", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
-		if err := s.RevokeCredential(ctx, tenant, id); err != nil {
+		if err := s.Credentials().RevokeCredential(ctx, tenant, id); err != nil {
 			if errors.Is(err, store.ErrInvalid) { // an id of no credential's form
 				return c.failure(path, "no credential %q in tenant %s", id, tenant), nil
 			}
@@ -230,7 +230,7 @@ func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {
 	}
 	defer cancel()
 	tenant, keyID := fs.Lookup("tenant").Value.String(), fs.Lookup("key-id").Value.String()
-	if err := s.AddKey(cctx, tenant, keyID, pub); err != nil {
+	if err := s.Credentials().AddKey(cctx, tenant, keyID, pub); err != nil {
 		switch {
 		case errors.Is(err, store.ErrConflict):
 			return c.failure(path, "key id %s already exists in tenant %s (key ids are never reused; pick a new one)", keyID, tenant)
@@ -244,15 +244,15 @@ func runKeyAdd(ctx context.Context, c *cli, path string, args []string) int {
 }
 
 func runKeyRetire(ctx context.Context, c *cli, path string, args []string) int {
-	return keyTransition(ctx, c, path, args, "retired", (*store.Store).RetireKey)
+	return keyTransition(ctx, c, path, args, "retired", (*store.Credentials).RetireKey)
 }
 
 func runKeyRevoke(ctx context.Context, c *cli, path string, args []string) int {
-	return keyTransition(ctx, c, path, args, "revoked", (*store.Store).RevokeKey)
+	return keyTransition(ctx, c, path, args, "revoked", (*store.Credentials).RevokeKey)
 }
 
 func keyTransition(ctx context.Context, c *cli, path string, args []string, state string,
-	op func(*store.Store, context.Context, string, string) error) int {
+	op func(*store.Credentials, context.Context, string, string) error) int {
 	fs := c.flagSet(path)
 	fs.String("tenant", "", "tenant id (required)")
 	fs.String("key-id", "", "key id (required)")
@@ -269,7 +269,7 @@ func keyTransition(ctx context.Context, c *cli, path string, args []string, stat
 	}
 	defer cancel()
 	tenant, keyID := fs.Lookup("tenant").Value.String(), fs.Lookup("key-id").Value.String()
-	if err := op(s, cctx, tenant, keyID); err != nil {
+	if err := op(s.Credentials(), cctx, tenant, keyID); err != nil {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return c.failure(path, "no key %s in tenant %s", keyID, tenant)
@@ -307,7 +307,7 @@ func runKeyPrune(ctx context.Context, c *cli, path string, args []string) int {
 		return code
 	}
 	defer cancel()
-	n, err := s.PruneKeys(cctx, *window)
+	n, err := s.Credentials().PruneKeys(cctx, *window)
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -359,7 +359,7 @@ func runStreamSetFloor(ctx context.Context, c *cli, path string, args []string) 
 	}
 	defer cancel()
 	tenant, project, producer := fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), fs.Lookup("producer").Value.String()
-	st, err := s.SetReplayFloor(cctx, tenant, project, producer, floor)
+	st, err := s.Inbound().SetReplayFloor(cctx, tenant, project, producer, floor)
 	if err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// The store returns the current state with the conflict.
@@ -384,7 +384,7 @@ func runStreamShow(ctx context.Context, c *cli, path string, args []string) int 
 		return code
 	}
 	defer cancel()
-	st, err := s.Stream(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), fs.Lookup("producer").Value.String())
+	st, err := s.Inbound().Stream(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), fs.Lookup("producer").Value.String())
 	if err != nil {
 		return c.storeFailure(path, err)
 	}
@@ -464,7 +464,7 @@ func runAuditList(ctx context.Context, c *cli, path string, args []string) int {
 		return code
 	}
 	defer cancel()
-	recs, err := s.ListAudit(cctx, store.AuditFilter{TenantID: fs.Lookup("tenant").Value.String(), ProjectID: *project,
+	recs, err := s.Inbound().ListAudit(cctx, store.AuditFilter{TenantID: fs.Lookup("tenant").Value.String(), ProjectID: *project,
 		Outcome: *outcome, Since: since, Until: until, Limit: *limit, BeforeID: before})
 	if err != nil {
 		return c.storeFailure(path, err)

@@ -45,7 +45,7 @@ func TestMigrate(t *testing.T) {
 // row and the tables stay as they were.
 func TestMigrateOnNewerSchema(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	admin := storetest.Open(t, dsn).DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	later := migrations.Latest() + 1
 	if _, err := admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`, later); err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestMigrateOnNewerSchema(t *testing.T) {
 // grants it only where the migrator is a superuser, and its notice never reaches the terminal).
 func TestWALCompressionGrantNote(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	db := storetest.Open(t, dsn).DB().DB
+	db := storetest.AdminDB(t, dsn)
 	ctx := context.Background()
 	var v15 bool
 	if err := db.QueryRow(`SELECT current_setting('server_version_num')::int >= 150000`).Scan(&v15); err != nil {
@@ -107,7 +107,7 @@ func TestWALCompressionGrantNote(t *testing.T) {
 // migration 0005, whose notice never reaches the terminal), never the tenants.
 func TestMigrateNotesSharedSecretRefs(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	db := storetest.Open(t, dsn).DB().DB
+	db := storetest.AdminDB(t, dsn)
 	r := run(t, dsn, "migrate")
 	r.expect(t, ExitOK, "")
 	if strings.Contains(r.stderr, "secret ref") {
@@ -183,7 +183,7 @@ func TestCredentialIssueAndRevoke(t *testing.T) {
 		if strings.Contains(r.stderr, token) {
 			t.Error("the token leaked to stderr")
 		}
-		id, err := s.VerifyCredential(ctx, token)
+		id, err := s.Credentials().VerifyCredential(ctx, token)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +196,7 @@ func TestCredentialIssueAndRevoke(t *testing.T) {
 
 		// Revocation needs the right tenant.
 		run(t, dsn, "credential", "revoke", "--tenant", "t2", "--id", id.CredentialID).expect(t, ExitFailure, "no credential")
-		if _, err := s.VerifyCredential(ctx, token); err != nil {
+		if _, err := s.Credentials().VerifyCredential(ctx, token); err != nil {
 			t.Fatalf("revoking in another tenant touched the credential: %v", err)
 		}
 		r = run(t, dsn, "credential", "revoke", "--tenant", "t1", "--id", id.CredentialID)
@@ -204,7 +204,7 @@ func TestCredentialIssueAndRevoke(t *testing.T) {
 		if r.stdout != "revoked credential "+id.CredentialID+"\n" {
 			t.Errorf("revoke stdout %q", r.stdout)
 		}
-		if _, err := s.VerifyCredential(ctx, token); !errors.Is(err, store.ErrNotFound) {
+		if _, err := s.Credentials().VerifyCredential(ctx, token); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("revoked credential verifies: %v", err)
 		}
 	}
@@ -235,7 +235,7 @@ func TestKeyAdd(t *testing.T) {
 		if r.stdout != "added key "+keyID+" to tenant t1 (active)\n" {
 			t.Errorf("stdout %q", r.stdout)
 		}
-		k, err := s.LookupKey(ctx, "t1", keyID)
+		k, err := s.Credentials().LookupKey(ctx, "t1", keyID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +264,7 @@ func TestKeyAdd(t *testing.T) {
 			t.Errorf("%s key: code %d stderr %q", name, r.code, r.stderr)
 		}
 	}
-	if _, err := s.LookupKey(ctx, "t1", "k-weak"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Credentials().LookupKey(ctx, "t1", "k-weak"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a refused key was stored: %v", err)
 	}
 }
@@ -299,7 +299,7 @@ func TestKeyLifecycle(t *testing.T) {
 		t.Errorf("revoke stdout %q", r.stdout)
 	}
 	for id, state := range map[string]string{"k-retire": "retired", "k-revoke": "revoked", "k-active": "active"} {
-		k, err := s.LookupKey(ctx, "t1", id)
+		k, err := s.Credentials().LookupKey(ctx, "t1", id)
 		if err != nil || string(k.State) != state {
 			t.Errorf("%s: state %q, %v; want %s", id, k.State, err, state)
 		}
@@ -316,11 +316,11 @@ func TestKeyLifecycle(t *testing.T) {
 		t.Errorf("prune stdout %q", r.stdout)
 	}
 	for _, id := range []string{"k-retire", "k-revoke"} {
-		if _, err := s.LookupKey(ctx, "t1", id); !errors.Is(err, store.ErrNotFound) {
+		if _, err := s.Credentials().LookupKey(ctx, "t1", id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s survived prune: %v", id, err)
 		}
 	}
-	if _, err := s.LookupKey(ctx, "t1", "k-active"); err != nil {
+	if _, err := s.Credentials().LookupKey(ctx, "t1", "k-active"); err != nil {
 		t.Errorf("prune removed an active key: %v", err)
 	}
 	r = run(t, dsn, "key", "prune", "--replay-window", "1h")
@@ -362,7 +362,7 @@ func ingest(t *testing.T, s *store.Store, priv ed25519.PrivateKey, keyID string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Ingest(context.Background(), store.Actor{TenantID: "t1", AccountID: "a1", DeviceID: "d1", CorrelationID: "corr-" + fmt.Sprint(seq)},
+	res, err := s.Inbound().Ingest(context.Background(), store.Actor{TenantID: "t1", AccountID: "a1", DeviceID: "d1", CorrelationID: "corr-" + fmt.Sprint(seq)},
 		store.IngestInput{
 			ProjectID: "p1", ProducerID: "d1", EventIdentity: e.EventIdentity(), KeyID: keyID,
 			IdempotencyDigest: e.IdempotencyDigest(), ContentDigest: sha256.Sum256(e.SigningInput()),
@@ -411,7 +411,7 @@ func TestStreamSetFloorAndShow(t *testing.T) {
 	if r.stdout != "" {
 		t.Errorf("a refused set-floor printed %q", r.stdout)
 	}
-	st, err := s.Stream(context.Background(), "t1", "p1", "d1")
+	st, err := s.Inbound().Stream(context.Background(), "t1", "p1", "d1")
 	if err != nil || st.ReplayFloor != 6 || st.Cursor != 7 {
 		t.Errorf("after a refused lowering: %+v, %v", st, err)
 	}
@@ -429,15 +429,15 @@ func TestAuditList(t *testing.T) {
 	priv := addKey(t, dsn, "t1", "k1")
 	issued := time.Now()
 	accepted := ingest(t, s, priv, "k1", 1, issued)
-	if err := s.Audit(ctx, store.Actor{TenantID: "t1", AccountID: "a2", DeviceID: "d2", CorrelationID: "corr-x"},
+	if err := s.Inbound().Audit(ctx, store.Actor{TenantID: "t1", AccountID: "a2", DeviceID: "d2", CorrelationID: "corr-x"},
 		store.AuditEntry{Outcome: "refused", Reason: "forbidden"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Audit(ctx, store.Actor{TenantID: "t1", AccountID: "a3", DeviceID: "d3", CorrelationID: "corr-y"},
+	if err := s.Inbound().Audit(ctx, store.Actor{TenantID: "t1", AccountID: "a3", DeviceID: "d3", CorrelationID: "corr-y"},
 		store.AuditEntry{ProjectID: "p2", Outcome: "refused", Reason: "route_mismatch"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Audit(ctx, store.Actor{TenantID: "t2", AccountID: "a9", DeviceID: "d9", CorrelationID: "corr-z"},
+	if err := s.Inbound().Audit(ctx, store.Actor{TenantID: "t2", AccountID: "a9", DeviceID: "d9", CorrelationID: "corr-z"},
 		store.AuditEntry{ProjectID: "p1", Outcome: "refused", Reason: "forbidden"}); err != nil {
 		t.Fatal(err)
 	}
@@ -529,7 +529,7 @@ func TestMigrateLayout(t *testing.T) {
 	run(t, plain, "migrate").expect(t, ExitOK, "layout: plain")
 	run(t, plain, "migrate", "--layout", "partitioned").expect(t, ExitFailure, "it is plain, partitioned was asked for")
 	run(t, plain, "migrate", "status").expect(t, ExitOK, "layout: plain")
-	db := storetest.Open(t, plain).DB().DB
+	db := storetest.AdminDB(t, plain)
 	var kind string
 	if err := db.QueryRow(`SELECT relkind::text FROM pg_class WHERE relname = 'event_identities'`).Scan(&kind); err != nil || kind != "r" {
 		t.Fatalf("event_identities after a refused change: relkind %q, %v; want r", kind, err)

@@ -51,7 +51,7 @@ func runEndpointAdd(ctx context.Context, c *cli, path string, args []string) int
 	}
 	defer cancel()
 	tenant, project := fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String()
-	id, err := s.AddEndpoint(cctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: *topic, URL: *rawURL, SecretRef: *secretRef})
+	id, err := s.Outbox().AddEndpoint(cctx, store.Endpoint{TenantID: tenant, ProjectID: project, Topic: *topic, URL: *rawURL, SecretRef: *secretRef})
 	if err != nil {
 		switch {
 		case errors.Is(err, store.ErrInvalid):
@@ -92,12 +92,12 @@ func endpointTransition(ctx context.Context, c *cli, path string, args []string,
 		}
 		// Disabling an endpoint the worker already disabled (http_410) relabels the reason as the
 		// operator's: from then on it is the operator's decision that keeps it off.
-		if err := s.SetEndpointState(ctx, tenant, id, state, reason); err != nil {
+		if err := s.Outbox().SetEndpointState(ctx, tenant, id, state, reason); err != nil {
 			if !errors.Is(err, store.ErrTopicFull) {
 				return 0, err
 			}
 			// The refusal names the topic; a lookup failure here only loses that detail.
-			if e, gerr := s.GetEndpoint(ctx, tenant, id); gerr == nil {
+			if e, gerr := s.Outbox().GetEndpoint(ctx, tenant, id); gerr == nil {
 				return c.failure(path, "%s", topicFullMessage(tenant, e.ProjectID, e.Topic)), nil
 			}
 			return c.failure(path, "refused: %v; disable another endpoint of its topic first", err), nil
@@ -130,7 +130,7 @@ type endpointLine struct {
 
 func runEndpointShow(ctx context.Context, c *cli, path string, args []string) int {
 	return endpointFlags(c, path).run(ctx, c, path, args, "endpoint", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
-		e, err := s.GetEndpoint(ctx, tenant, id)
+		e, err := s.Outbox().GetEndpoint(ctx, tenant, id)
 		if err != nil {
 			return 0, err
 		}
@@ -184,7 +184,7 @@ func runDLQList(ctx context.Context, c *cli, path string, args []string) int {
 		return code
 	}
 	defer cancel()
-	dls, next, err := s.ListDeadLetters(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), *limit, *after)
+	dls, next, err := s.Outbox().ListDeadLetters(cctx, fs.Lookup("tenant").Value.String(), fs.Lookup("project").Value.String(), *limit, *after)
 	if err != nil {
 		// Tenant, project and limit were checked above, so the store can only mean the cursor.
 		if errors.Is(err, store.ErrInvalid) {
@@ -342,7 +342,7 @@ func (f dlqReplayFlags) selection(fs *flag.FlagSet) (bulkSelection, error) {
 }
 
 func (c *cli) replayOne(ctx context.Context, s *store.Store, path string, actor store.Actor, id string) int {
-	m, err := s.ReplayDeadLetter(ctx, actor, id)
+	m, err := s.Outbox().ReplayDeadLetter(ctx, actor, id)
 	if err != nil {
 		return c.replayRefusal(ctx, s, path, actor.TenantID, id, err)
 	}
@@ -361,7 +361,7 @@ func (c *cli) replayRefusal(ctx context.Context, s *store.Store, path, tenant, i
 	case errors.Is(err, store.ErrNotDead):
 		// Name the status so the operator knows whether to wait (pending, delivering) or stop
 		// (delivered); a lookup failure here only loses that detail.
-		if st, err := s.OutboxMessage(ctx, tenant, id); err == nil {
+		if st, err := s.Outbox().OutboxMessage(ctx, tenant, id); err == nil {
 			return c.failure(path, "refused: message %s is not dead (status %s); only dead letters can be replayed", id, st.Status)
 		}
 		return c.failure(path, "refused: message %s is not dead; only dead letters can be replayed", id)
@@ -386,7 +386,7 @@ func (c *cli) replayBulk(ctx context.Context, s *store.Store, path string, actor
 	}
 walk:
 	for {
-		dls, next, err := s.ListDeadLetters(ctx, actor.TenantID, sel.project, store.MaxDeadLetterPage, after)
+		dls, next, err := s.Outbox().ListDeadLetters(ctx, actor.TenantID, sel.project, store.MaxDeadLetterPage, after)
 		if err != nil {
 			return c.storeFailure(path, err)
 		}
@@ -412,7 +412,7 @@ walk:
 					case <-t.C:
 					}
 				}
-				m, err := s.ReplayDeadLetter(ctx, actor, dl.MessageID)
+				m, err := s.Outbox().ReplayDeadLetter(ctx, actor, dl.MessageID)
 				switch {
 				case err == nil:
 					replayed++
@@ -462,7 +462,7 @@ func messageFlags(c *cli, path string) *objectFlags {
 
 func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int {
 	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
-		m, err := s.OutboxMessage(ctx, tenant, id)
+		m, err := s.Outbox().OutboxMessage(ctx, tenant, id)
 		if err != nil {
 			return 0, err
 		}
@@ -472,7 +472,7 @@ func runOutboxShow(ctx context.Context, c *cli, path string, args []string) int 
 
 func runOutboxAttempts(ctx context.Context, c *cli, path string, args []string) int {
 	return messageFlags(c, path).run(ctx, c, path, args, "message", func(ctx context.Context, s *store.Store, tenant, id string) (int, error) {
-		as, err := s.OutboxAttempts(ctx, tenant, id)
+		as, err := s.Outbox().OutboxAttempts(ctx, tenant, id)
 		if err != nil {
 			return 0, err
 		}
@@ -529,7 +529,7 @@ func runOutboxBackfillBodies(ctx context.Context, c *cli, path string, args []st
 	var cur store.BackfillCursor
 	var moved, left, steps int
 	for {
-		st, err := s.BackfillBodies(cctx, cur, *batch, *retention)
+		st, err := s.Retention().BackfillBodies(cctx, cur, *batch, *retention)
 		if err != nil {
 			fmt.Fprintf(c.Stderr, "stopped after %d transactions (%d bodies moved); running it again resumes\n", steps, moved)
 			return c.storeFailure(path, err)

@@ -39,7 +39,7 @@ var serviceActor = store.Actor{TenantID: "t1", AccountID: "a1", DeviceID: "svc1"
 func enqueue(t *testing.T, s *store.Store, topic, key string, maxAttempts int) (store.EnqueueResult, string) {
 	t.Helper()
 	var identity string
-	res, err := s.Enqueue(context.Background(), serviceActor, store.EnqueueRequest{
+	res, err := s.Outbox().Enqueue(context.Background(), serviceActor, store.EnqueueRequest{
 		ProjectID: "p1", ProducerID: "svc1", Topic: topic,
 		IdempotencyDigest: sha256.Sum256([]byte("t1\np1\n" + key)),
 		RequestDigest:     sha256.Sum256([]byte(key)),
@@ -63,7 +63,7 @@ func enqueue(t *testing.T, s *store.Store, topic, key string, maxAttempts int) (
 // claimOnly claims every due message of t1 and checks it is exactly want.
 func claimOnly(t *testing.T, s *store.Store, want ...string) {
 	t.Helper()
-	cs, err := s.Claim(context.Background(), "t1", store.MaxClaim, time.Minute)
+	cs, err := s.Outbox().Claim(context.Background(), "t1", store.MaxClaim, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestEndpointAddEnableDisable(t *testing.T) {
 	ctx := context.Background()
 
 	id := addEndpointCLI(t, dsn, "t1", "p1", "task.proposals", "https://hooks.example.test/in?x=1")
-	e, err := s.GetEndpoint(ctx, "t1", id)
+	e, err := s.Outbox().GetEndpoint(ctx, "t1", id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestEndpointAddEnableDisable(t *testing.T) {
 	// A disabled endpoint takes no new messages.
 	req := store.EnqueueRequest{ProjectID: "p1", ProducerID: "svc1", Topic: "task.proposals", MaxAttempts: 1,
 		Build: func(int64) ([]byte, string, error) { return nil, "", errors.New("must not build") }}
-	if _, err := s.Enqueue(ctx, serviceActor, req); !errors.Is(err, store.ErrNoEndpoint) {
+	if _, err := s.Outbox().Enqueue(ctx, serviceActor, req); !errors.Is(err, store.ErrNoEndpoint) {
 		t.Errorf("enqueue to a disabled endpoint: %v", err)
 	}
 	// Disabling twice is not an error; enabling clears the reason.
@@ -169,7 +169,7 @@ func TestEndpointAddEnableDisable(t *testing.T) {
 // which may carry a password.
 func TestEndpointAddRefusals(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	admin := storetest.AdminDB(t, dsn)
 	base := []string{"endpoint", "add", "--tenant", "t1", "--project", "p1", "--topic", "x", "--secret-ref", "ref"}
 	cases := []struct {
 		url, secretRef, topic, msg string
@@ -205,7 +205,7 @@ func TestEndpointAddRefusals(t *testing.T) {
 		}
 	}
 	var n int
-	if err := s.DB().QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints`).Scan(&n); err != nil || n != 0 {
+	if err := admin.QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("refused endpoints stored: %d, %v", n, err)
 	}
 }
@@ -214,7 +214,7 @@ func TestEndpointAddRefusals(t *testing.T) {
 // refused (exit 1) with a message that does not name the owner, and stores nothing.
 func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	admin := storetest.AdminDB(t, dsn)
 	add := func(tenant, topic string) result {
 		return run(t, dsn, "endpoint", "add", "--tenant", tenant, "--project", "p1", "--topic", topic,
 			"--url", "https://hooks.example.test/"+topic, "--secret-ref", "prod/hooks")
@@ -227,7 +227,7 @@ func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 		t.Fatalf("refusal: stdout %q stderr %q; want no id and no owner", r.stdout, r.stderr)
 	}
 	var n int
-	if err := s.DB().QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints WHERE tenant_id = 'tenant-other'`).Scan(&n); err != nil || n != 0 {
+	if err := admin.QueryRowContext(context.Background(), `SELECT count(*) FROM endpoints WHERE tenant_id = 'tenant-other'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("refused endpoint stored: %d, %v", n, err)
 	}
 	add("tenant-other", "z").expect(t, ExitFailure, "is not tenant tenant-other's")
@@ -237,13 +237,13 @@ func TestEndpointAddRefusesAnotherTenantsSecretRef(t *testing.T) {
 // with a message that names the topic and the bound, exit 1, and print no id.
 func TestEndpointAddAndEnableRefuseA65thActive(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	s := storetest.Open(t, dsn)
+	s, admin := storetest.Open(t, dsn), storetest.AdminDB(t, dsn)
 	ctx := context.Background()
 	parked := addEndpointCLI(t, dsn, "t1", "p1", "wide", "https://hooks.example.test/parked")
 	run(t, dsn, "endpoint", "disable", "--tenant", "t1", "--id", parked).expect(t, ExitOK, "")
 	var first string
 	for i := range store.MaxTopicEndpoints - 1 {
-		id, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "wide",
+		id, err := s.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "wide",
 			URL: fmt.Sprintf("https://hooks.example.test/wide/%d", i), SecretRef: "hooks-wide"})
 		must(t, err)
 		if i == 0 {
@@ -264,11 +264,11 @@ func TestEndpointAddAndEnableRefuseA65thActive(t *testing.T) {
 	if r.stdout != "" {
 		t.Fatalf("refused enable printed %q", r.stdout)
 	}
-	if e, err := s.GetEndpoint(ctx, "t1", parked); err != nil || e.State != store.EndpointDisabled {
+	if e, err := s.Outbox().GetEndpoint(ctx, "t1", parked); err != nil || e.State != store.EndpointDisabled {
 		t.Fatalf("refused enable changed the endpoint: %+v, %v", e, err)
 	}
 	var n int
-	must(t, s.DB().QueryRowContext(ctx, `SELECT count(*) FROM endpoints WHERE tenant_id = 't1' AND topic = 'wide' AND state = 'active'`).Scan(&n))
+	must(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM endpoints WHERE tenant_id = 't1' AND topic = 'wide' AND state = 'active'`).Scan(&n))
 	if n != store.MaxTopicEndpoints {
 		t.Fatalf("%d active endpoints after the refusals, want %d", n, store.MaxTopicEndpoints)
 	}
@@ -291,9 +291,9 @@ func TestDLQListAndReplay(t *testing.T) {
 	r3, _ := enqueue(t, s, "y", "k3", 5)
 	m1, m2, m3 := r1.MessageIDs[0], r2.MessageIDs[0], r3.MessageIDs[0]
 	claimOnly(t, s, m1, m2, m3)
-	must(t, s.MarkDead(ctx, "t1", m1, 1, store.CodeHTTP410, true))
-	must(t, s.MarkRetry(ctx, "t1", m2, 1, time.Now().Add(time.Hour), store.CodeTimeout)) // last attempt: dead
-	must(t, s.MarkDelivered(ctx, "t1", m3, 1))
+	must(t, s.Outbox().MarkDead(ctx, "t1", m1, 1, store.CodeHTTP410, true))
+	must(t, s.Outbox().MarkRetry(ctx, "t1", m2, 1, time.Now().Add(time.Hour), store.CodeTimeout)) // last attempt: dead
+	must(t, s.Outbox().MarkDelivered(ctx, "t1", m3, 1))
 
 	list := func(args ...string) ([]map[string]any, result) {
 		t.Helper()
@@ -381,7 +381,7 @@ func TestDLQListAndReplay(t *testing.T) {
 	if corr == nil {
 		t.Fatalf("stderr %q names no correlation id", r.stderr)
 	}
-	recs, err := s.ListAudit(ctx, store.AuditFilter{TenantID: "t1", Limit: 1})
+	recs, err := s.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1", Limit: 1})
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("audit: %v %v", recs, err)
 	}
@@ -413,10 +413,10 @@ func TestDLQListAndReplay(t *testing.T) {
 			t.Errorf("dlq replay %v: code %d stdout %q stderr %q; want exit 1 mentioning %q", c.args, r.code, r.stdout, r.stderr, c.msg)
 		}
 	}
-	if st, err := s.OutboxMessage(ctx, "t1", m2); err != nil || st.Status != "dead" {
+	if st, err := s.Outbox().OutboxMessage(ctx, "t1", m2); err != nil || st.Status != "dead" {
 		t.Errorf("another tenant's replay touched %s: %+v %v", m2, st, err)
 	}
-	if recs, err := s.ListAudit(ctx, store.AuditFilter{TenantID: "t1", Limit: 10}); err != nil || len(recs) != 1 {
+	if recs, err := s.Inbound().ListAudit(ctx, store.AuditFilter{TenantID: "t1", Limit: 10}); err != nil || len(recs) != 1 {
 		t.Errorf("refused replays wrote audit rows: %d, %v", len(recs), err)
 	}
 }

@@ -27,9 +27,9 @@ func TestOutboxBackfillBodies(t *testing.T) {
 		ids = append(ids, r.MessageIDs[0])
 	}
 	claimOnly(t, s, ids...)
-	must(t, s.MarkDelivered(ctx, "t1", ids[0], 1))
-	must(t, s.MarkDead(ctx, "t1", ids[1], 1, store.CodeHTTP4xx, false))
-	must(t, s.MarkRetry(ctx, "t1", ids[2], 1, time.Now().Add(time.Hour), store.CodeHTTP5xx)) // still in flight
+	must(t, s.Outbox().MarkDelivered(ctx, "t1", ids[0], 1))
+	must(t, s.Outbox().MarkDead(ctx, "t1", ids[1], 1, store.CodeHTTP4xx, false))
+	must(t, s.Outbox().MarkRetry(ctx, "t1", ids[2], 1, time.Now().Add(time.Hour), store.CodeHTTP5xx)) // still in flight
 	admin, err := sql.Open("pgx", dsn)
 	must(t, err)
 	defer admin.Close()
@@ -71,11 +71,11 @@ func TestOutboxBackfillBodies(t *testing.T) {
 	if _, err := admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, ids[2]); err != nil {
 		t.Fatal(err)
 	}
-	cs, err := s.Claim(ctx, "t1", 10, time.Minute)
+	cs, err := s.Outbox().Claim(ctx, "t1", 10, time.Minute)
 	if err != nil || len(cs) != 1 || len(cs[0].Body) == 0 {
 		t.Fatalf("claim of the unmoved body: %+v, %v", cs, err)
 	}
-	must(t, s.MarkDelivered(ctx, "t1", ids[2], cs[0].Attempt))
+	must(t, s.Outbox().MarkDelivered(ctx, "t1", ids[2], cs[0].Attempt))
 	backfill(`{"moved":1,"left_in_flight":0}`)
 	backfill(`{"moved":0,"left_in_flight":0}`)
 	var inOld int
@@ -100,11 +100,11 @@ func TestDLQReplayOfAnExpiredBody(t *testing.T) {
 	r, _ := enqueue(t, s, "x", "k1", 3)
 	id := r.MessageIDs[0]
 	claimOnly(t, s, id)
-	must(t, s.MarkDead(ctx, "t1", id, 1, store.CodeHTTP4xx, false))
+	must(t, s.Outbox().MarkDead(ctx, "t1", id, 1, store.CodeHTTP4xx, false))
 	// The settle recorded an attempt row: the janitor deletes it first, then
 	// the body.
 	for {
-		d, err := s.DeleteExpiredOutbound(ctx, time.Now().Add(store.DefaultOutboxPayloadRetention+time.Hour), 10)
+		d, err := s.Retention().DeleteExpiredOutbound(ctx, time.Now().Add(store.DefaultOutboxPayloadRetention+time.Hour), 10)
 		if err != nil {
 			t.Fatal(err)
 		}

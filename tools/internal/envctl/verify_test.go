@@ -46,11 +46,11 @@ func populate(t *testing.T) populated {
 			p.inboundIdentityAheadOfGap5 = res.EventIdentity
 		}
 	}
-	if _, err := s.SetReplayFloor(ctx, "t1", "p1", "d2", 10); err != nil {
+	if _, err := s.Inbound().SetReplayFloor(ctx, "t1", "p1", "d2", 10); err != nil {
 		t.Fatal(err)
 	}
 	// One payload expires (the janitor's batch of one); its identity stays.
-	if n, err := s.DeleteExpiredPayloads(ctx, time.Now().Add(2*time.Hour), 1); err != nil || n != 1 {
+	if n, err := s.Retention().DeleteExpiredPayloads(ctx, time.Now().Add(2*time.Hour), 1); err != nil || n != 1 {
 		t.Fatalf("DeleteExpiredPayloads: %d, %v", n, err)
 	}
 
@@ -63,17 +63,17 @@ func populate(t *testing.T) populated {
 	p.identX = identX
 	p.delivered, p.deadReplayed, p.deadBudget = rx.MessageIDs[0], rx.MessageIDs[1], ry.MessageIDs[0]
 	claimOnly(t, s, p.delivered, p.deadReplayed, p.deadBudget)
-	must(t, s.MarkDelivered(ctx, "t1", p.delivered, 1))
-	must(t, s.MarkDead(ctx, "t1", p.deadReplayed, 1, store.CodeHTTP4xx, false))
-	must(t, s.MarkRetry(ctx, "t1", p.deadBudget, 1, time.Now().Add(time.Hour), store.CodeTimeout))
+	must(t, s.Outbox().MarkDelivered(ctx, "t1", p.delivered, 1))
+	must(t, s.Outbox().MarkDead(ctx, "t1", p.deadReplayed, 1, store.CodeHTTP4xx, false))
+	must(t, s.Outbox().MarkRetry(ctx, "t1", p.deadBudget, 1, time.Now().Add(time.Hour), store.CodeTimeout))
 	run(t, p.dsn, "dlq", "replay", "--tenant", "t1", "--id", p.deadReplayed).expect(t, ExitOK, "")
 	claimOnly(t, s, p.deadReplayed)
-	must(t, s.MarkDead(ctx, "t1", p.deadReplayed, 2, store.CodeHTTP410, true))
+	must(t, s.Outbox().MarkDead(ctx, "t1", p.deadReplayed, 2, store.CodeHTTP410, true))
 
 	r, _ := enqueue(t, s, "y", "k3", 12)
 	p.retried = r.MessageIDs[0]
 	claimOnly(t, s, p.retried)
-	must(t, s.MarkRetry(ctx, "t1", p.retried, 1, time.Now().Add(time.Hour), store.CodeHTTP5xx))
+	must(t, s.Outbox().MarkRetry(ctx, "t1", p.retried, 1, time.Now().Add(time.Hour), store.CodeHTTP5xx))
 	r, _ = enqueue(t, s, "y", "k4", 12)
 	p.held = r.MessageIDs[0]
 	claimOnly(t, s, p.held)
@@ -153,7 +153,7 @@ func TestVerifyClean(t *testing.T) {
 	}
 	// The population really has the states it claims, so a clean answer means something.
 	var states string
-	if err := storetest.Open(t, p.dsn).DB().QueryRowContext(context.Background(),
+	if err := storetest.AdminDB(t, p.dsn).QueryRowContext(context.Background(),
 		`SELECT string_agg(status || ':' || attempts || ':' || replays, ',' ORDER BY status, attempts, replays) FROM outbox_messages`).
 		Scan(&states); err != nil {
 		t.Fatal(err)

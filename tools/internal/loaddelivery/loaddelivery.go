@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -33,6 +34,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 )
 
 // Config is one run.
@@ -170,6 +172,15 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		return Report{}, fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
+	// The tool's own statements (resets, vacuums, counts, statistics) are
+	// the benchmark's set-up, not the product's: they run on a pool of
+	// their own, outside the store.
+	db, err := sql.Open("pgx", c.DatabaseURL)
+	if err != nil {
+		return Report{}, fmt.Errorf("open database: %w", err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(2)
 	tag := make([]byte, 4)
 	_, _ = rand.Read(tag)
 	tenant := "bench-" + hex.EncodeToString(tag)
@@ -183,7 +194,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
-	if _, err := st.AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
+	if _, err := st.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: tenant, ProjectID: "p1", Topic: "bench",
 		URL: "http://" + ln.Addr().String() + "/hook", SecretRef: tenant}); err != nil { // a secret ref belongs to one tenant
 		return Report{}, fmt.Errorf("add endpoint: %w", err)
 	}
@@ -193,7 +204,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	rep := Report{Messages: c.Messages, Workers: c.Workers, Concurrency: c.Concurrency, TenantShare: c.TenantShare, BodyBytes: body}
-	if err := vacuum(ctx, st); err != nil {
+	if err := vacuum(ctx, db); err != nil {
 		return Report{}, err
 	}
 
@@ -211,15 +222,15 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	// The same rows, due again at one instant: the latency base. Their
 	// attempt history goes too: the worker's attempts are numbered from 1
 	// again and must each write their row, as on a first delivery.
-	if _, err := st.DB().DB.ExecContext(ctx, `UPDATE outbox_messages SET status = 'pending', attempts = 0,
+	if _, err := db.ExecContext(ctx, `UPDATE outbox_messages SET status = 'pending', attempts = 0,
 		next_attempt_at = now(), delivered_at = NULL, lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = $1`, tenant); err != nil {
 		return Report{}, fmt.Errorf("reset rows: %w", err)
 	}
-	if _, err := st.DB().DB.ExecContext(ctx, `DELETE FROM outbox_attempts WHERE tenant_id = $1`, tenant); err != nil {
+	if _, err := db.ExecContext(ctx, `DELETE FROM outbox_attempts WHERE tenant_id = $1`, tenant); err != nil {
 		return Report{}, fmt.Errorf("reset attempts: %w", err)
 	}
-	if err := vacuum(ctx, st); err != nil {
+	if err := vacuum(ctx, db); err != nil {
 		return Report{}, err
 	}
 	// The rows have been due since the reset; no worker ran before now.
@@ -246,7 +257,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	}
 	var prof *profiler
 	if c.ProfileDir != "" {
-		if prof, err = newProfiler(ctx, st, c); err != nil {
+		if prof, err = newProfiler(ctx, db, c); err != nil {
 			return Report{}, err
 		}
 		env = append(env, "PPROF_ENABLED=true")
@@ -310,7 +321,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	// Settles commit after the receipt: wait (bounded) for the last ones.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := st.DB().DB.QueryRowContext(ctx, `SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND status = 'delivered'`,
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND status = 'delivered'`,
 			tenant).Scan(&rep.DeliveredInDB); err != nil {
 			return Report{}, fmt.Errorf("count delivered: %w", err)
 		}
@@ -323,7 +334,7 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		rep.LoadAverage1Min = strings.Fields(string(la))[0]
 	}
 	if prof != nil {
-		if err := prof.finish(ctx, st); err != nil {
+		if err := prof.finish(ctx, db); err != nil {
 			return Report{}, err
 		}
 	}
@@ -334,8 +345,8 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 // index, as the store's own benchmark does, so both phases start from the
 // same clean table (a drain still leaves dead versions behind as it goes,
 // in both phases alike).
-func vacuum(ctx context.Context, st *store.Store) error {
-	if _, err := st.DB().DB.ExecContext(ctx, `VACUUM ANALYZE outbox_messages, outbox_attempts`); err != nil {
+func vacuum(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, `VACUUM ANALYZE outbox_messages, outbox_attempts`); err != nil {
 		return fmt.Errorf("vacuum: %w", err)
 	}
 	return nil
@@ -355,7 +366,7 @@ func seed(ctx context.Context, st *store.Store, tenant string, n, pad int) (int,
 			defer wg.Done()
 			for i := g; i < n; i += 8 {
 				key := fmt.Sprintf("%s-%d", tenant, i)
-				_, err := st.Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "seed"},
+				_, err := st.Outbox().Enqueue(ctx, store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "seed"},
 					store.EnqueueRequest{
 						ProjectID: "p1", ProducerID: "svc1", Topic: "bench",
 						IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)),
@@ -387,7 +398,7 @@ func seed(ctx context.Context, st *store.Store, tenant string, n, pad int) (int,
 func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 	total := 0
 	for {
-		claimed, err := st.Claim(ctx, tenant, store.MaxClaim, 30*time.Second)
+		claimed, err := st.Outbox().Claim(ctx, tenant, store.MaxClaim, 30*time.Second)
 		if err != nil {
 			return total, fmt.Errorf("raw claim: %w", err)
 		}
@@ -399,7 +410,7 @@ func rawLoop(ctx context.Context, st *store.Store, tenant string) (int, error) {
 			ss[i] = store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered,
 				StartedAt: time.Now(), Duration: time.Millisecond, HTTPStatus: http.StatusNoContent} // timed, as the worker settles
 		}
-		res, err := st.SettleBatch(ctx, tenant, ss)
+		res, err := st.Outbox().SettleBatch(ctx, tenant, ss)
 		if err != nil {
 			return total, fmt.Errorf("raw settle: %w", err)
 		}

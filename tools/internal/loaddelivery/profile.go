@@ -2,6 +2,7 @@ package loaddelivery
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net"
@@ -10,8 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/envelopeworker/envelopeworker/modules/store"
 )
 
 // profiler collects what --profile-dir asks for: the first worker's CPU
@@ -25,7 +24,7 @@ type profiler struct {
 	cpuErr    chan error
 }
 
-func newProfiler(ctx context.Context, st *store.Store, c Config) (*profiler, error) {
+func newProfiler(ctx context.Context, db *sql.DB, c Config) (*profiler, error) {
 	if err := os.MkdirAll(c.ProfileDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -37,7 +36,6 @@ func newProfiler(ctx context.Context, st *store.Store, c Config) (*profiler, err
 	addr := ln.Addr().String()
 	ln.Close()
 	p := &profiler{dir: c.ProfileDir, addr: addr, seconds: c.ProfileSeconds, cpuErr: make(chan error, 1)}
-	db := st.DB().DB
 	var loaded bool
 	if err := db.QueryRowContext(ctx, `SELECT 'pg_stat_statements' = ANY (string_to_array(current_setting('shared_preload_libraries'), ','))`).
 		Scan(&loaded); err != nil {
@@ -91,14 +89,14 @@ func (p *profiler) fetch(ctx context.Context, path, file string) error {
 }
 
 // finish waits for the CPU profile and writes the statements of the drain.
-func (p *profiler) finish(ctx context.Context, st *store.Store) error {
+func (p *profiler) finish(ctx context.Context, db *sql.DB) error {
 	if err := <-p.cpuErr; err != nil {
 		return err
 	}
 	if !p.pgss {
 		return nil
 	}
-	rows, err := st.DB().DB.QueryContext(ctx, `
+	rows, err := db.QueryContext(ctx, `
 SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows,
        shared_blks_hit + shared_blks_read, wal_records, regexp_replace(query, '\s+', ' ', 'g')
 FROM pg_stat_statements

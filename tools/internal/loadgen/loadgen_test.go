@@ -44,7 +44,7 @@ func TestSetup(t *testing.T) {
 		if p.Device != wantDevice || p.KeyID != wantDevice {
 			t.Errorf("producer %d: %+v", i, p)
 		}
-		id, err := s.VerifyCredential(ctx, p.Token)
+		id, err := s.Credentials().VerifyCredential(ctx, p.Token)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +55,7 @@ func TestSetup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k, err := s.LookupKey(ctx, "lt", p.KeyID)
+		k, err := s.Credentials().LookupKey(ctx, "lt", p.KeyID)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -65,13 +65,13 @@ func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) 
 		if err != nil {
 			return Creds{}, fmt.Errorf("generate key: %w", err)
 		}
-		if err := s.AddKey(ctx, cfg.Tenant, device, pub); err != nil {
+		if err := s.Credentials().AddKey(ctx, cfg.Tenant, device, pub); err != nil {
 			if errors.Is(err, store.ErrConflict) {
 				return Creds{}, fmt.Errorf("key id %s already exists in tenant %s: use another --prefix: %w", device, cfg.Tenant, err)
 			}
 			return Creds{}, fmt.Errorf("add key %s: %w", device, err)
 		}
-		token, _, err := s.IssueCredential(ctx, cfg.Tenant, cfg.Account, device, "device")
+		token, _, err := s.Credentials().IssueCredential(ctx, cfg.Tenant, cfg.Account, device, "device")
 		if err != nil {
 			return Creds{}, fmt.Errorf("issue credential for %s: %w", device, err)
 		}
@@ -84,13 +84,13 @@ func Setup(ctx context.Context, s *store.Store, cfg SetupConfig) (Creds, error) 
 
 func setupOutbox(ctx context.Context, s *store.Store, cfg SetupConfig, c Creds) (Creds, error) {
 	c.Outbox, c.Project, c.Topic = true, cfg.Project, cfg.Topic
-	if _, err := s.AddEndpoint(ctx, store.Endpoint{TenantID: cfg.Tenant, ProjectID: cfg.Project, Topic: cfg.Topic,
+	if _, err := s.Outbox().AddEndpoint(ctx, store.Endpoint{TenantID: cfg.Tenant, ProjectID: cfg.Project, Topic: cfg.Topic,
 		URL: outboxEndpointURL, SecretRef: cfg.Prefix + "-secret"}); err != nil {
 		return Creds{}, fmt.Errorf("add endpoint: %w", err)
 	}
 	for i := 1; i <= cfg.Producers; i++ {
 		device := fmt.Sprintf("%s-%04d", cfg.Prefix, i)
-		token, _, err := s.IssueCredential(ctx, cfg.Tenant, cfg.Account, device, "service")
+		token, _, err := s.Credentials().IssueCredential(ctx, cfg.Tenant, cfg.Account, device, "service")
 		if err != nil {
 			return Creds{}, fmt.Errorf("issue credential for %s: %w", device, err)
 		}

@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		StoreTimeout:      cfg.StoreTimeout,
 		StatsInterval:     15 * time.Second,
 		Tracing:           tracing,
-	}, cfg.HTTPTimeout, st, snd, lim, log, m)
+	}, cfg.HTTPTimeout, st.Outbox(), snd, lim, log, m)
 	if err != nil {
 		return err
 	}

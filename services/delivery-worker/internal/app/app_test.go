@@ -67,7 +67,7 @@ func get(t *testing.T, url string) (int, string) {
 // p1, topic orders.
 func enqueueMessage(t *testing.T, st *store.Store, tenant, key string) {
 	t.Helper()
-	_, err := st.Enqueue(context.Background(), store.Actor{TenantID: tenant, CorrelationID: "c1"}, store.EnqueueRequest{
+	_, err := st.Outbox().Enqueue(context.Background(), store.Actor{TenantID: tenant, CorrelationID: "c1"}, store.EnqueueRequest{
 		ProjectID: "p1", ProducerID: "svc", Topic: "orders", MaxAttempts: 3,
 		IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte(key)),
 		Build: func(seq int64) ([]byte, string, error) {
@@ -136,7 +136,7 @@ func TestRunDeliversAndRotates(t *testing.T) {
 		got <- delivery{b, r.Header.Clone()}
 	}))
 	defer rc.Close()
-	if _, err := st.AddEndpoint(context.Background(), store.Endpoint{TenantID: "tenant-secret-name", ProjectID: "p1",
+	if _, err := st.Outbox().AddEndpoint(context.Background(), store.Endpoint{TenantID: "tenant-secret-name", ProjectID: "p1",
 		Topic: "orders", URL: rc.URL + "/hook", SecretRef: "ep"}); err != nil {
 		t.Fatal(err)
 	}
@@ -202,9 +202,10 @@ func TestRunDeliversAndRotates(t *testing.T) {
 	// the rest of its metrics.
 	const delivered = `envelopeworker_delivery_attempts_total{code="",result="delivered"} 2`
 	var metrics string
+	admin := storetest.AdminDB(t, dsn)
 	for deadline := time.Now().Add(wait); ; {
 		var n int
-		if err := st.DB().DB.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
+		if err := admin.QueryRow(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		_, metrics = get(t, "http://"+addr+"/metrics")

@@ -33,7 +33,7 @@ func secretsFile(t *testing.T) string {
 // keeps the worker ready; a schema older than the build is 503.
 func TestReadyzAtOrAboveBuildSchema(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	admin := storetest.Open(t, dsn).DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	if _, err := admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`,
 		migrations.Latest()+1); err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func TestReadyzAtOrAboveBuildSchema(t *testing.T) {
 // schema_migrations; at most one of the worker's sessions may wait on it.
 func TestReadyzSharesOneProbe(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
-	admin := storetest.Open(t, dsn).DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	// Locked before the worker starts, so no probe result is cached yet: the
 	// first probe (the worker's own schema check at start, or a call) blocks,
 	// and every call must join it.
@@ -146,14 +146,14 @@ func TestListenerCutsSlowClients(t *testing.T) {
 func TestClaimsNothingBeforeMigrate(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	st := storetest.Open(t, dsn)
-	admin := st.DB().DB
+	admin := storetest.AdminDB(t, dsn)
 	var hits atomic.Int64
 	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		hits.Add(1)
 	}))
 	defer rc.Close()
-	if _, err := st.AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
+	if _, err := st.Outbox().AddEndpoint(context.Background(), store.Endpoint{TenantID: "t1", ProjectID: "p1", Topic: "orders",
 		URL: rc.URL + "/hook", SecretRef: "ep"}); err != nil {
 		t.Fatal(err)
 	}

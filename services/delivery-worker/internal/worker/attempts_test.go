@@ -66,7 +66,7 @@ func TestSettledAttemptsAreRecordedAndLogged(t *testing.T) {
 	})
 	after := time.Now()
 
-	as, err := e.st.OutboxAttempts(context.Background(), "t1", ids[0])
+	as, err := e.st.Outbox().OutboxAttempts(context.Background(), "t1", ids[0])
 	if err != nil || len(as) != 2 {
 		t.Fatalf("attempts %+v, %v", as, err)
 	}
@@ -84,7 +84,7 @@ func TestSettledAttemptsAreRecordedAndLogged(t *testing.T) {
 			t.Errorf("attempt %d: %+v, want %+v", i+1, got, want)
 		}
 	}
-	ca, err := e.st.OutboxAttempts(context.Background(), "t1", closed[0])
+	ca, err := e.st.Outbox().OutboxAttempts(context.Background(), "t1", closed[0])
 	if err != nil || len(ca) != 1 || ca[0].HTTPStatus != 0 || ca[0].ErrorCode != store.CodeConnectFailed || ca[0].Result != store.AttemptDead {
 		t.Fatalf("unanswered attempt %+v, %v", ca, err)
 	}

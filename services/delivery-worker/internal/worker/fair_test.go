@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -257,7 +258,9 @@ func TestSlotsReleasedAfterSettles(t *testing.T) {
 func TestSlotsReleasedAfterFailedClaim(t *testing.T) {
 	e := newEnv(t)
 	w, m := newWorker(t, e.dsn, opts{concurrency: 8})
-	if err := w.store.Close(); err != nil {
+	st := storetest.Open(t, e.dsn)
+	w.outbox = st.Outbox()
+	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -46,17 +47,19 @@ type env struct {
 	t   testing.TB
 	dsn string
 	st  *store.Store
+	// admin is a pool of its own on the same database.
+	admin *sql.DB
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
-	return &env{t: t, dsn: dsn, st: storetest.Open(t, dsn)}
+	return &env{t: t, dsn: dsn, st: storetest.Open(t, dsn), admin: storetest.AdminDB(t, dsn)}
 }
 
 func (e *env) exec(q string, args ...any) {
 	e.t.Helper()
-	if _, err := e.st.DB().DB.Exec(q, args...); err != nil {
+	if _, err := e.admin.Exec(q, args...); err != nil {
 		e.t.Fatalf("exec %q: %v", q, err)
 	}
 }
@@ -64,7 +67,7 @@ func (e *env) exec(q string, args ...any) {
 func (e *env) count(q string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.st.DB().DB.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := e.admin.QueryRow(q, args...).Scan(&n); err != nil {
 		e.t.Fatalf("count %q: %v", q, err)
 	}
 	return n
@@ -72,7 +75,7 @@ func (e *env) count(q string, args ...any) int {
 
 func (e *env) endpoint(tenant, topic, url, ref string) string {
 	e.t.Helper()
-	id, err := e.st.AddEndpoint(context.Background(), store.Endpoint{
+	id, err := e.st.Outbox().AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: "p1", Topic: topic, URL: url, SecretRef: ref,
 	})
 	if err != nil {
@@ -90,7 +93,7 @@ func (e *env) enqueue(tenant, topic string, maxAttempts int) ([]byte, []string) 
 		e.t.Fatal(err)
 	}
 	key := hex.EncodeToString(nonce)
-	res, err := e.st.Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-" + key[:8]},
+	res, err := e.st.Outbox().Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-" + key[:8]},
 		store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: topic,
 			IdempotencyDigest: sha256.Sum256([]byte(key)), RequestDigest: sha256.Sum256([]byte("body" + key)),
@@ -108,7 +111,7 @@ func (e *env) enqueue(tenant, topic string, maxAttempts int) ([]byte, []string) 
 
 func (e *env) status(tenant, id string) store.MessageStatus {
 	e.t.Helper()
-	s, err := e.st.OutboxMessage(context.Background(), tenant, id)
+	s, err := e.st.Outbox().OutboxMessage(context.Background(), tenant, id)
 	if err != nil {
 		e.t.Fatalf("OutboxMessage: %v", err)
 	}
@@ -229,7 +232,7 @@ func newWorker(t testing.TB, dsn string, o opts) (*Worker, *Metrics) {
 		Lease: o.lease, Concurrency: o.concurrency, ClaimMax: o.claimMax, TenantMaxInflight: o.tenantMax,
 		PollInterval: 5 * time.Millisecond, Grace: o.grace, StoreTimeout: 10 * time.Second, Now: o.now,
 		Tracing: o.tracing,
-	}, o.httpTimeout, st, snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
+	}, o.httpTimeout, st.Outbox(), snd, lim, slog.New(slog.NewJSONHandler(o.log, nil)), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func (w *Worker) flush(ctx context.Context, batch []*settleReq) {
 			}
 		}
 		sctx, cancel := context.WithTimeout(ctx, min(w.cfg.StoreTimeout, earliest.Sub(w.cfg.Now())))
-		results, err := w.store.SettleBatch(sctx, tenant, ss)
+		results, err := w.outbox.SettleBatch(sctx, tenant, ss)
 		cancel()
 		w.m.settleBatch.Observe(float64(len(ss)))
 		for i, r := range reqs {

@@ -21,7 +21,7 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 		e.enqueue("t1", "orders", 12)
 	}
 	w, m := newWorker(t, e.dsn, opts{})
-	claimed, err := e.st.Claim(context.Background(), "t1", 5, 30*time.Second)
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", 5, 30*time.Second)
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("Claim: %d, %v", len(claimed), err)
 	}

@@ -40,7 +40,7 @@ func (e *env) enqueueSigned(tenant, topic, tp string, maxAttempts int) ([]byte, 
 	nonce := make([]byte, 8)
 	_, _ = rand.Read(nonce)
 	key := idemKeyMarker + "-" + hex.EncodeToString(nonce)
-	res, err := e.st.Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-1"},
+	res, err := e.st.Outbox().Enqueue(context.Background(), store.Actor{TenantID: tenant, DeviceID: "svc1", CorrelationID: "c-1"},
 		store.EnqueueRequest{
 			ProjectID: "p1", ProducerID: "svc1", Topic: topic,
 			IdempotencyDigest: envelope.IdempotencyDigest(tenant, "p1", key), RequestDigest: sha256.Sum256([]byte(key)),

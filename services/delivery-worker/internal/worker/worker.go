@@ -135,7 +135,7 @@ func (c Config) Validate(httpTimeout time.Duration) error {
 // Worker claims, attempts and settles outbox messages.
 type Worker struct {
 	cfg     Config
-	store   *store.Store
+	outbox  *store.Outbox
 	sender  *sender.Sender
 	limiter *limiter.Delivery
 	log     *slog.Logger
@@ -148,7 +148,7 @@ type Worker struct {
 
 // New builds a Worker. httpTimeout is the sender's, checked against the
 // lease.
-func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sender, lim *limiter.Delivery, log *slog.Logger, m *Metrics) (*Worker, error) {
+func New(cfg Config, httpTimeout time.Duration, outbox *store.Outbox, snd *sender.Sender, lim *limiter.Delivery, log *slog.Logger, m *Metrics) (*Worker, error) {
 	if cfg.ClaimMax == 0 {
 		cfg.ClaimMax = store.MaxClaim
 	}
@@ -170,7 +170,7 @@ func New(cfg Config, httpTimeout time.Duration, st *store.Store, snd *sender.Sen
 	if err := cfg.Validate(httpTimeout); err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, store: st, sender: snd, limiter: lim, log: log, m: m,
+	return &Worker{cfg: cfg, outbox: outbox, sender: snd, limiter: lim, log: log, m: m,
 		slots:  newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax),
 		tracer: cfg.Tracing.Tracer(TracerName), tracing: cfg.Tracing.Enabled()}, nil
 }
@@ -307,7 +307,7 @@ func (w *Worker) serve(ctx, workCtx context.Context, tenants []string, inflight 
 func (w *Worker) dueTenants(ctx context.Context) ([]string, error) {
 	sctx, cancel := context.WithTimeout(ctx, w.cfg.StoreTimeout)
 	defer cancel()
-	tenants, err := w.store.DueTenants(sctx, w.cfg.TenantsPerCycle)
+	tenants, err := w.outbox.DueTenants(sctx, w.cfg.TenantsPerCycle)
 	if err != nil {
 		w.m.storeErrors.WithLabelValues("due_tenants").Inc()
 		return nil, fmt.Errorf("due tenants: %w", err)
@@ -332,7 +332,7 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 	// leave its messages leased to nobody until the lease expires. What it
 	// returns is attempted within the grace period.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.StoreTimeout)
-	claimed, err := w.store.Claim(sctx, tenant, held, w.cfg.Lease)
+	claimed, err := w.outbox.Claim(sctx, tenant, held, w.cfg.Lease)
 	cancel()
 	w.m.claims.Inc()
 	if err != nil {
@@ -500,7 +500,7 @@ func (w *Worker) sampleStats(ctx context.Context) {
 func (w *Worker) SampleStats(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, w.cfg.StoreTimeout)
 	defer cancel()
-	st, err := w.store.OutboxStats(sctx)
+	st, err := w.outbox.OutboxStats(sctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.m.storeErrors.WithLabelValues("outbox_stats").Inc()

@@ -94,7 +94,7 @@ func TestMaxAttemptsThenDead(t *testing.T) {
 	if s.Attempts != 3 || s.LastErrorCode != "http_5xx" || rc.hits(ids[0]) != 3 {
 		t.Fatalf("dead %+v after %d requests", s, rc.hits(ids[0]))
 	}
-	dl, _, err := e.st.ListDeadLetters(context.Background(), "t1", "p1", 10, "")
+	dl, _, err := e.st.Outbox().ListDeadLetters(context.Background(), "t1", "p1", 10, "")
 	if err != nil || len(dl) != 1 || dl[0].ErrorCode != "http_5xx" || dl[0].MessageID != ids[0] {
 		t.Fatalf("dead letters %+v %v", dl, err)
 	}
@@ -133,11 +133,11 @@ func TestGoneDisablesEndpoint(t *testing.T) {
 	if waiting.Status != store.StatusPending || waiting.Attempts != 0 {
 		t.Fatalf("other message %+v, want pending and never attempted", waiting)
 	}
-	got, err := e.st.GetEndpoint(context.Background(), "t1", ep)
+	got, err := e.st.Outbox().GetEndpoint(context.Background(), "t1", ep)
 	if err != nil || got.State != store.EndpointDisabled || got.DisabledReason != "http_410" {
 		t.Fatalf("endpoint %+v %v", got, err)
 	}
-	if _, err := e.st.Enqueue(context.Background(), store.Actor{TenantID: "t1", CorrelationID: "c1"}, store.EnqueueRequest{
+	if _, err := e.st.Outbox().Enqueue(context.Background(), store.Actor{TenantID: "t1", CorrelationID: "c1"}, store.EnqueueRequest{
 		ProjectID: "p1", ProducerID: "svc1", Topic: "orders", MaxAttempts: 1,
 		Build: func(int64) ([]byte, string, error) { return []byte("{}"), "00", nil },
 	}); !errorsIs(err, store.ErrNoEndpoint) {
@@ -204,7 +204,7 @@ func TestStaleWorkerCannotSettle(t *testing.T) {
 	_, ids := e.enqueue("t1", "orders", 12)
 	w, m := newWorker(t, e.dsn, opts{})
 
-	claimed, err := e.st.Claim(context.Background(), "t1", 1, 30*time.Second)
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", 1, 30*time.Second)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v %d", err, len(claimed))
 	}
@@ -217,7 +217,7 @@ func TestStaleWorkerCannotSettle(t *testing.T) {
 	// The lease expires (simulated) and another worker claims attempt 2.
 	e.exec(`UPDATE outbox_messages SET next_attempt_at = now() - interval '1 second',
 	        lease_expires_at = now() - interval '1 second' WHERE message_id = $1`, ids[0])
-	again, err := e.st.Claim(context.Background(), "t1", 1, 30*time.Second)
+	again, err := e.st.Outbox().Claim(context.Background(), "t1", 1, 30*time.Second)
 	if err != nil || len(again) != 1 || again[0].Attempt != 2 {
 		t.Fatalf("re-claim: %v %+v", err, again)
 	}
@@ -229,7 +229,7 @@ func TestStaleWorkerCannotSettle(t *testing.T) {
 	if s := e.status("t1", ids[0]); s.Status != store.StatusDelivering || s.Attempts != 2 {
 		t.Fatalf("the stale settle changed the message: %+v", s)
 	}
-	if err := e.st.MarkDelivered(context.Background(), "t1", ids[0], 2); err != nil {
+	if err := e.st.Outbox().MarkDelivered(context.Background(), "t1", ids[0], 2); err != nil {
 		t.Fatalf("the current holder settles: %v", err)
 	}
 }
@@ -461,7 +461,7 @@ func TestForeignSecretRefIsNeverSent(t *testing.T) {
 	e.endpoint("t2", "shared", rc.srv.URL+"/shared", testRefs[1])
 	e.endpoint("t2", "orphan", rc.srv.URL+"/orphan", testRefs[2])
 	// As the administrator, past the trigger.
-	tx, err := e.st.DB().DB.Begin()
+	tx, err := e.admin.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestForeignSecretRefIsNeverSent(t *testing.T) {
 	if len(paths) != 1 || paths[0] != "/own" {
 		t.Fatalf("the sink saw %v, want only /own", paths)
 	}
-	dl, _, err := e.st.ListDeadLetters(context.Background(), "t2", "p1", 10, "")
+	dl, _, err := e.st.Outbox().ListDeadLetters(context.Background(), "t2", "p1", 10, "")
 	if err != nil || len(dl) != len(refused) {
 		t.Fatalf("dead letters: %+v, %v", dl, err)
 	}
@@ -530,7 +530,7 @@ func TestMessageWithoutBodyIsNeverSent(t *testing.T) {
 	rc := newReceiver(t, nil)
 	e.endpoint("t1", "orders", rc.srv.URL+"/own", testRefs[0])
 	_, ids := e.enqueue("t1", "orders", 12)
-	if _, err := e.st.DB().DB.Exec(`DELETE FROM outbound_bodies`); err != nil {
+	if _, err := e.admin.Exec(`DELETE FROM outbound_bodies`); err != nil {
 		t.Fatal(err)
 	}
 	w, _ := newWorker(t, e.dsn, opts{})

@@ -74,7 +74,7 @@ func (s *Server) authenticate(ctx context.Context, header string) (store.Identit
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	defer cancel()
-	id, err := s.store.VerifyCredential(ctx, tok)
+	id, err := s.store.credentials.VerifyCredential(ctx, tok)
 	switch {
 	case err == nil:
 		s.creds.put(k, id)

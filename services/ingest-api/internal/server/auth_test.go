@@ -60,12 +60,12 @@ func TestCredentialCacheExpires(t *testing.T) {
 // TestRevokedCredential: without a cache, revocation takes effect at once.
 func TestRevokedCredential(t *testing.T) {
 	f := newFixture(t)
-	tok, id, err := f.st.IssueCredential(context.Background(), tenantA, "acct-1", deviceA, store.RoleDevice)
+	tok, id, err := f.st.Credentials().IssueCredential(context.Background(), tenantA, "acct-1", deviceA, store.RoleDevice)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(tok, f.sign(draft(1))), 200, "accepted", "", 1)
-	if err := f.st.RevokeCredential(context.Background(), tenantA, id); err != nil {
+	if err := f.st.Credentials().RevokeCredential(context.Background(), tenantA, id); err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(tok, f.sign(draft(1))), 401, "refused", "unauthenticated", -1)
@@ -76,7 +76,7 @@ func TestRevokedCredential(t *testing.T) {
 
 func TestCommitterRefusesAfterClose(t *testing.T) {
 	f := newFixture(t)
-	c := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 0, 10, 1)
+	c := newCommitter(f.st.Inbound(), slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 0, 10, 1)
 	item := store.BatchItem{
 		Actor:   store.Actor{TenantID: tenantA, AccountID: "acct-1", DeviceID: deviceA, CorrelationID: "c1"},
 		Refusal: &store.AuditEntry{Outcome: string(outcomeRefused), Reason: string(reasonForbidden)},
@@ -90,7 +90,7 @@ func TestCommitterRefusesAfterClose(t *testing.T) {
 		t.Fatalf("submit after close: %v", err)
 	}
 	// An invalid item fails alone; its neighbours in the same group commit.
-	c2 := newCommitter(f.st, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 50*time.Millisecond, 10, 1)
+	c2 := newCommitter(f.st.Inbound(), slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(NewRegistry(), &bodyBudget{}), time.Minute, 50*time.Millisecond, 10, 1)
 	defer c2.close()
 	bad := item
 	bad.Refusal = &store.AuditEntry{Outcome: string(outcomeRefused), Reason: "Not A Code"}

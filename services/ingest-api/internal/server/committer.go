@@ -79,14 +79,14 @@ type commitResult[R any] struct {
 }
 
 // newCommitter is the group commit of POST /v1/envelopes.
-func newCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.BatchItem, store.Result] {
-	return newGroupCommitter(st.IngestBatchCommitting, log, m.commitSize, m.commitDuration, timeout, window, maxItems, concurrency)
+func newCommitter(in *store.Inbound, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.BatchItem, store.Result] {
+	return newGroupCommitter(in.IngestBatchCommitting, log, m.commitSize, m.commitDuration, timeout, window, maxItems, concurrency)
 }
 
 // newOutboxCommitter is the group commit of POST /v1/outbox (contract §8.6);
 // a group is at most one store.EnqueueBatch.
-func newOutboxCommitter(st *store.Store, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.EnqueueItem, store.EnqueueAnswer] {
-	return newGroupCommitter(st.EnqueueBatchCommitting, log, m.outboxCommitSize, m.outboxCommitDuration, timeout, window,
+func newOutboxCommitter(out *store.Outbox, log *slog.Logger, m *metrics, timeout, window time.Duration, maxItems, concurrency int) *committer[store.EnqueueItem, store.EnqueueAnswer] {
+	return newGroupCommitter(out.EnqueueBatchCommitting, log, m.outboxCommitSize, m.outboxCommitDuration, timeout, window,
 		min(maxItems, store.MaxEnqueueBatch), concurrency)
 }
 

@@ -142,21 +142,21 @@ func refusalScenario(t *testing.T, o *outboxFixture) []refusalCase {
 	ctx := context.Background()
 	pub := f.priv.Public().(ed25519.PublicKey)
 	for _, k := range []string{"k-ret", "k-rev"} {
-		if err := f.st.AddKey(ctx, tenantA, k, pub); err != nil {
+		if err := f.st.Credentials().AddKey(ctx, tenantA, k, pub); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := f.st.RetireKey(ctx, tenantA, "k-ret"); err != nil {
+	if err := f.st.Credentials().RetireKey(ctx, tenantA, "k-ret"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.st.RevokeKey(ctx, tenantA, "k-rev"); err != nil {
+	if err := f.st.Credentials().RevokeKey(ctx, tenantA, "k-rev"); err != nil {
 		t.Fatal(err)
 	}
-	retired, err := f.st.LookupKey(ctx, tenantA, "k-ret")
+	retired, err := f.st.Credentials().LookupKey(ctx, tenantA, "k-ret")
 	if err != nil || retired.RetiredAt == nil {
 		t.Fatalf("retired key: %+v %v", retired, err)
 	}
-	if _, err := f.st.SetReplayFloor(ctx, tenantA, "proj-floor", deviceA, 5); err != nil {
+	if _, err := f.st.Inbound().SetReplayFloor(ctx, tenantA, "proj-floor", deviceA, 5); err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "accepted", "", 1)
@@ -165,7 +165,7 @@ func refusalScenario(t *testing.T, o *outboxFixture) []refusalCase {
 	expired, _ := o.enqueued(o.postOutbox(o.service, outboxBody("k-expired", "")), http.StatusCreated, o.pub)
 	kill(t, f, tenantA, expired.MessageIDs...)
 	for {
-		d, err := f.st.DeleteExpiredOutbound(ctx, time.Now().Add(2200*time.Hour), store.MaxDeleteBatch)
+		d, err := f.st.Retention().DeleteExpiredOutbound(ctx, time.Now().Add(2200*time.Hour), store.MaxDeleteBatch)
 		if err != nil {
 			t.Fatal(err)
 		}

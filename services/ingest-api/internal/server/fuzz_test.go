@@ -52,14 +52,14 @@ func FuzzHTTP(f *testing.F) {
 	// bodies reach steps 3's other branches too.
 	pub := fx.priv.Public().(ed25519.PublicKey)
 	for _, k := range []string{"k-retired", "k-revoked"} {
-		if err := fx.st.AddKey(ctx, tenantA, k, pub); err != nil {
+		if err := fx.st.Credentials().AddKey(ctx, tenantA, k, pub); err != nil {
 			f.Fatal(err)
 		}
 	}
-	if err := fx.st.RetireKey(ctx, tenantA, "k-retired"); err != nil {
+	if err := fx.st.Credentials().RetireKey(ctx, tenantA, "k-retired"); err != nil {
 		f.Fatal(err)
 	}
-	if err := fx.st.RevokeKey(ctx, tenantA, "k-revoked"); err != nil {
+	if err := fx.st.Credentials().RevokeKey(ctx, tenantA, "k-revoked"); err != nil {
 		f.Fatal(err)
 	}
 	// A server of its own over the fixture's database: the credential cache

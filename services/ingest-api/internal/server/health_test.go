@@ -15,8 +15,7 @@ import (
 // than this build is 503 unavailable.
 func TestReadyAtOrAboveBuildSchema(t *testing.T) {
 	f := newFixture(t)
-	admin := f.st.DB().DB
-	if _, err := admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`,
+	if _, err := f.admin.Exec(`INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, 'from_a_later_release.sql', 'not-ours')`,
 		migrations.Latest()+1); err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +24,7 @@ func TestReadyAtOrAboveBuildSchema(t *testing.T) {
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "accepted", "", 1)
 
-	if _, err := admin.Exec(`DELETE FROM schema_migrations WHERE version >= $1`, migrations.Latest()); err != nil {
+	if _, err := f.admin.Exec(`DELETE FROM schema_migrations WHERE version >= $1`, migrations.Latest()); err != nil {
 		t.Fatal(err)
 	}
 	f.srv = f.newServer(testConfig(), f.st) // a fresh probe

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -101,13 +102,16 @@ func (b *syncBuffer) String() string {
 }
 
 type fixture struct {
-	t    testing.TB
-	dsn  string
-	st   *store.Store
-	srv  *Server
-	reg  *prometheus.Registry
-	logs *syncBuffer
-	priv ed25519.PrivateKey
+	t   testing.TB
+	dsn string
+	st  *store.Store
+	// admin is a pool of its own on the fixture's database, for setting up
+	// rows and looking behind the API.
+	admin *sql.DB
+	srv   *Server
+	reg   *prometheus.Registry
+	logs  *syncBuffer
+	priv  ed25519.PrivateKey
 
 	device, service, operator string // tokens in tenant-a
 	// bodies collects every answer body the fixture saw, for the leak scan.
@@ -135,11 +139,11 @@ func newFixture(t testing.TB, edit ...func(*Config)) *fixture {
 	t.Helper()
 	dsn := storetest.NewDatabase(t)
 	st := storetest.Open(t, dsn)
-	f := &fixture{t: t, dsn: dsn, st: st, logs: &syncBuffer{}}
+	f := &fixture{t: t, dsn: dsn, st: st, admin: storetest.AdminDB(t, dsn), logs: &syncBuffer{}}
 	var pub ed25519.PublicKey
 	f.priv, pub = vectorKey(t)
 	ctx := context.Background()
-	if err := st.AddKey(ctx, tenantA, keyA, pub); err != nil {
+	if err := st.Credentials().AddKey(ctx, tenantA, keyA, pub); err != nil {
 		t.Fatal(err)
 	}
 	f.device = f.issue(tenantA, "acct-1", deviceA, store.RoleDevice)
@@ -172,7 +176,7 @@ func (f *fixture) newServer(cfg Config, st *store.Store) *Server {
 
 func (f *fixture) issue(tenant, account, device string, role store.Role) string {
 	f.t.Helper()
-	tok, _, err := f.st.IssueCredential(context.Background(), tenant, account, device, role)
+	tok, _, err := f.st.Credentials().IssueCredential(context.Background(), tenant, account, device, role)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -362,7 +366,7 @@ func wantAnswer(t testing.TB, r resp, status int, outcome, reason string, wantCu
 // audit returns tenant-a's audit rows, oldest first.
 func (f *fixture) audit() []store.AuditRecord {
 	f.t.Helper()
-	rows, err := f.st.ListAudit(context.Background(), store.AuditFilter{TenantID: tenantA, Limit: 1000})
+	rows, err := f.st.Inbound().ListAudit(context.Background(), store.AuditFilter{TenantID: tenantA, Limit: 1000})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -212,7 +212,7 @@ func TestStreamPageOfLargeEnvelopes(t *testing.T) {
 			digests[seq] = sha256.Sum256(raw)
 			items = append(items, dec.item)
 		}
-		res, err := f.st.IngestBatch(ctx, items)
+		res, err := f.st.Inbound().IngestBatch(ctx, items)
 		if err != nil {
 			t.Fatal(err)
 		}

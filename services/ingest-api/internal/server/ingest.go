@@ -142,7 +142,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 	}
 	if !ok {
 		lctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-		key, err = s.store.LookupKey(lctx, actor.TenantID, env.KeyID)
+		key, err = s.store.credentials.LookupKey(lctx, actor.TenantID, env.KeyID)
 		cancel()
 		if errors.Is(err, store.ErrNotFound) {
 			return refusalDecision(actor, project, eid, reasonUnknownKey, detailUnknownKey), nil
@@ -173,7 +173,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		// to be answered duplicate at step 5; whether the signature of
 		// anything else would verify is not revealed.
 		sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-		signed, err := s.store.SignedBy(sctx, actor.TenantID, eid, env.ContentDigest(), env.KeyID)
+		signed, err := s.store.credentials.SignedBy(sctx, actor.TenantID, eid, env.ContentDigest(), env.KeyID)
 		cancel()
 		if err != nil {
 			return decision{}, opError{"signed_by", err}
@@ -377,7 +377,7 @@ func (s *Server) postBatch(c echo.Context) error {
 	}
 	committed := st.phase(spanCommit)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
-	storeResults, err := s.store.IngestBatch(cctx, items)
+	storeResults, err := s.store.inbound.IngestBatch(cctx, items)
 	cancel()
 	committed()
 	if err == nil && len(storeResults) != len(items) {

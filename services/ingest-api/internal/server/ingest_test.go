@@ -219,7 +219,7 @@ func TestRefusalsAndPrecedence(t *testing.T) {
 
 func TestBelowReplayFloor(t *testing.T) {
 	f := newFixture(t)
-	if _, err := f.st.SetReplayFloor(context.Background(), tenantA, projectA, deviceA, 5); err != nil {
+	if _, err := f.st.Inbound().SetReplayFloor(context.Background(), tenantA, projectA, deviceA, 5); err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(5))), 409, "refused", "below_replay_floor", -1)
@@ -233,10 +233,10 @@ func TestKeyStates(t *testing.T) {
 
 	// Retired: envelopes issued up to the retirement verify; later ones are
 	// key_retired (decided at step 3, so even a future issued_at says so).
-	if err := f.st.RetireKey(ctx, tenantA, keyA); err != nil {
+	if err := f.st.Credentials().RetireKey(ctx, tenantA, keyA); err != nil {
 		t.Fatal(err)
 	}
-	k, err := f.st.LookupKey(ctx, tenantA, keyA)
+	k, err := f.st.Credentials().LookupKey(ctx, tenantA, keyA)
 	if err != nil || k.RetiredAt == nil {
 		t.Fatalf("lookup: %+v, %v", k, err)
 	}
@@ -249,7 +249,7 @@ func TestKeyStates(t *testing.T) {
 	wantAnswer(t, f.post(f.device, badLate), 403, "refused", "bad_signature", -1)
 
 	// Revoked: only exact duplicates of what it signed pass (as duplicate).
-	if err := f.st.RevokeKey(ctx, tenantA, keyA); err != nil {
+	if err := f.st.Credentials().RevokeKey(ctx, tenantA, keyA); err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "duplicate", "", 2)

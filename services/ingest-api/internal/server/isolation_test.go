@@ -95,7 +95,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 	}
 	inSeedB, pubB := newSeed(9)
 	privB := ed25519.NewKeyFromSeed(inSeedB)
-	if err := o.st.AddKey(ctx, tenantB, "kb-1", pubB); err != nil {
+	if err := o.st.Credentials().AddKey(ctx, tenantB, "kb-1", pubB); err != nil {
 		t.Fatal(err)
 	}
 	devB := o.issue(tenantB, "acct-1", deviceA, store.RoleDevice)
@@ -114,7 +114,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 	for seq := int64(1); seq <= 2; seq++ {
 		wantAnswer(t, o.post(devB2, signWith(t, privB, draftB("proj-b", "device-b", fmt.Sprintf("evt-bb-%d", seq), seq))), 200, "accepted", "", seq)
 	}
-	if _, err := o.st.SetReplayFloor(ctx, tenantB, "proj-b2", deviceA, 4); err != nil {
+	if _, err := o.st.Inbound().SetReplayFloor(ctx, tenantB, "proj-b2", deviceA, 4); err != nil {
 		t.Fatal(err)
 	}
 	o.addEndpoint(tenantB, "proj-b", "task.b")
@@ -165,7 +165,7 @@ func TestTenantIsolationEveryRoute(t *testing.T) {
 			`SELECT endpoint_id || ' ' || state FROM endpoints WHERE tenant_id = $1 ORDER BY 1`,
 			`SELECT key_id || ' ' || state FROM producer_keys WHERE tenant_id = $1 ORDER BY 1`,
 		} {
-			rows, err := o.st.DB().DB.QueryContext(ctx, q, tenantB)
+			rows, err := o.admin.QueryContext(ctx, q, tenantB)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,7 +35,7 @@ func TestCachedKeyReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.st.AddKey(ctx, tenantA, keyA, pub); err != nil {
+	if err := f.st.Credentials().AddKey(ctx, tenantA, keyA, pub); err != nil {
 		t.Fatal(err)
 	}
 	old := f.sign(draft(2))
@@ -54,7 +54,7 @@ func TestCachedKeyRevokedBetweenRequests(t *testing.T) {
 	for seq := int64(1); seq <= 3; seq++ {
 		wantAnswer(t, f.post(f.device, f.sign(draft(seq))), 200, "accepted", "", seq)
 	}
-	if err := f.st.RevokeKey(ctx, tenantA, keyA); err != nil {
+	if err := f.st.Credentials().RevokeKey(ctx, tenantA, keyA); err != nil {
 		t.Fatal(err)
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(4))), 403, "refused", "key_revoked", -1)
@@ -62,7 +62,7 @@ func TestCachedKeyRevokedBetweenRequests(t *testing.T) {
 	if _, ok := f.srv.activeKeys.get(tenantA, keyA); ok {
 		t.Fatal("a revoked key is still cached as active")
 	}
-	st, err := f.st.Stream(ctx, tenantA, projectA, deviceA)
+	st, err := f.st.Inbound().Stream(ctx, tenantA, projectA, deviceA)
 	if err != nil || st.Cursor != 3 {
 		t.Fatalf("stream after revocation: %+v, %v", st, err)
 	}

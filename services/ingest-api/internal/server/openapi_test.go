@@ -275,7 +275,7 @@ func TestOpenAPIValidatesRealAnswers(t *testing.T) {
 	}
 	// One payload past its (test: century-long) retention, so the page
 	// holds an expired entry too.
-	if n, err := f.st.DeleteExpiredPayloads(ctx, time.Now().AddDate(101, 0, 0), 1); err != nil || n != 1 {
+	if n, err := f.st.Retention().DeleteExpiredPayloads(ctx, time.Now().AddDate(101, 0, 0), 1); err != nil || n != 1 {
 		t.Fatalf("expiring one payload: %v %v", n, err)
 	}
 	if r := f.get(f.service, "/v1/streams/proj-1/device-7/envelopes?after=0&limit=100"); r.status != http.StatusOK ||

@@ -205,7 +205,7 @@ func TestNoSecretsAnywhere(t *testing.T) {
 	var haystack strings.Builder
 	haystack.WriteString(f.logs.String())
 	haystack.WriteString(f.metricsText())
-	rows, err := f.st.DB().QueryContext(context.Background(), `SELECT row_to_json(a)::text FROM audit_events a`)
+	rows, err := f.admin.QueryContext(context.Background(), `SELECT row_to_json(a)::text FROM audit_events a`)
 	if err != nil {
 		t.Fatal(err)
 	}

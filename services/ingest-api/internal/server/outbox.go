@@ -381,7 +381,7 @@ func (s *Server) postOutboxBatch(c echo.Context) error {
 		// answered (it commits or it does not).
 		committed := st.phase(spanCommit)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
-		answers, err := s.store.EnqueueBatch(cctx, items)
+		answers, err := s.store.outbox.EnqueueBatch(cctx, items)
 		cancel()
 		committed()
 		if err == nil && len(answers) != len(items) {
@@ -454,7 +454,7 @@ func statusBody(m store.MessageStatus) wire.MessageStatus {
 // an unknown one: existence is not revealed across tenants.
 func (s *Server) getOutboxMessage(c echo.Context) error {
 	return serveTenantRead(s, c, "outbox_message", func(ctx context.Context, tenant string) (any, error) {
-		m, err := s.store.OutboxMessage(ctx, tenant, c.Param("id"))
+		m, err := s.store.outbox.OutboxMessage(ctx, tenant, c.Param("id"))
 		return statusBody(m), err
 	})
 }
@@ -510,7 +510,7 @@ func attemptsAnswer(as []store.Attempt) wire.Attempts {
 // credentials and with the same refusals as GET /v1/outbox/{message_id}.
 func (s *Server) getOutboxAttempts(c echo.Context) error {
 	return serveTenantRead(s, c, "outbox_attempts", func(ctx context.Context, tenant string) (any, error) {
-		as, err := s.store.OutboxAttempts(ctx, tenant, c.Param("id"))
+		as, err := s.store.outbox.OutboxAttempts(ctx, tenant, c.Param("id"))
 		return attemptsAnswer(as), err
 	})
 }
@@ -550,7 +550,7 @@ func (s *Server) getDeadLetters(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	rows, next, err := s.store.ListDeadLetters(ctx, id.TenantID, projects[0], limit, after)
+	rows, next, err := s.store.outbox.ListDeadLetters(ctx, id.TenantID, projects[0], limit, after)
 	if errors.Is(err, store.ErrInvalid) {
 		// Parameters were checked above; what is left is a cursor the store
 		// cannot read.
@@ -584,7 +584,7 @@ func (s *Server) replayDeadLetter(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	m, err := s.store.ReplayDeadLetter(ctx, actorOf(id, state(c).correlationID), c.Param("id"))
+	m, err := s.store.outbox.ReplayDeadLetter(ctx, actorOf(id, state(c).correlationID), c.Param("id"))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return s.refuse(c, reasonNotFound, detailNoMessage)

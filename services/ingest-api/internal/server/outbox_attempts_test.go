@@ -39,7 +39,7 @@ func TestOutboxAttempts(t *testing.T) {
 	started := time.Date(2026, 3, 1, 12, 0, 0, 123456000, time.UTC)
 	settle := func(st store.Settlement) {
 		t.Helper()
-		claimed, err := o.st.Claim(ctx, tenantA, store.MaxClaim, time.Minute)
+		claimed, err := o.st.Outbox().Claim(ctx, tenantA, store.MaxClaim, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,13 +49,13 @@ func TestOutboxAttempts(t *testing.T) {
 			}
 			if st.Outcome == "" {
 				// Due again with its lease as it was: the worker is gone.
-				if _, err := o.st.DB().DB.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, id); err != nil {
+				if _, err := o.admin.Exec(`UPDATE outbox_messages SET next_attempt_at = now() WHERE message_id = $1`, id); err != nil {
 					t.Fatal(err)
 				}
 				return
 			}
 			st.MessageID, st.Attempt = id, c.Attempt
-			if rs, err := o.st.SettleBatch(ctx, tenantA, []store.Settlement{st}); err != nil || rs[0] != nil {
+			if rs, err := o.st.Outbox().SettleBatch(ctx, tenantA, []store.Settlement{st}); err != nil || rs[0] != nil {
 				t.Fatalf("settle: %v %v", rs, err)
 			}
 			return

@@ -75,7 +75,7 @@ func newOutboxFixture(t testing.TB, edit ...func(*Config)) *outboxFixture {
 	o.active = []string{o.addEndpoint(tenantA, projectA, topicA), o.addEndpoint(tenantA, projectA, topicA)}
 	slices.Sort(o.active)
 	o.disabled = o.addEndpoint(tenantA, projectA, topicA)
-	if err := o.st.SetEndpointState(context.Background(), tenantA, o.disabled, store.EndpointDisabled, "test"); err != nil {
+	if err := o.st.Outbox().SetEndpointState(context.Background(), tenantA, o.disabled, store.EndpointDisabled, "test"); err != nil {
 		t.Fatal(err)
 	}
 	o.addEndpoint(tenantA, projectA, "task.other")
@@ -84,7 +84,7 @@ func newOutboxFixture(t testing.TB, edit ...func(*Config)) *outboxFixture {
 
 func (f *fixture) addEndpoint(tenant, project, topic string) string {
 	f.t.Helper()
-	id, err := f.st.AddEndpoint(context.Background(), store.Endpoint{
+	id, err := f.st.Outbox().AddEndpoint(context.Background(), store.Endpoint{
 		TenantID: tenant, ProjectID: project, Topic: topic,
 		URL: "https://hooks.example.test/" + topic, SecretRef: "sec-" + tenant, // a secret ref belongs to one tenant
 	})
@@ -165,7 +165,7 @@ func wantRefusal(t testing.TB, r resp, status int, reason string) {
 func (f *fixture) count(query string, args ...any) int {
 	f.t.Helper()
 	var n int
-	if err := f.st.DB().DB.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+	if err := f.admin.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
 		f.t.Fatal(err)
 	}
 	return n
@@ -193,14 +193,14 @@ func TestOutboxEnqueueAndRepeat(t *testing.T) {
 	// One stored envelope, byte for byte the answer; one pending message per
 	// active endpoint, none for the disabled one or the other topic.
 	var stored []byte
-	if err := o.st.DB().DB.QueryRowContext(context.Background(),
+	if err := o.admin.QueryRowContext(context.Background(),
 		`SELECT envelope FROM outbound_bodies WHERE tenant_id = $1`, tenantA).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(stored, a.Envelope) {
 		t.Fatalf("stored %s\nanswered %s", stored, a.Envelope)
 	}
-	rows, err := o.st.DB().DB.QueryContext(context.Background(), `SELECT endpoint_id, status, attempts, max_attempts,
+	rows, err := o.admin.QueryContext(context.Background(), `SELECT endpoint_id, status, attempts, max_attempts,
 		encode(event_identity, 'hex') FROM outbox_messages WHERE tenant_id = $1 ORDER BY endpoint_id`, tenantA)
 	if err != nil {
 		t.Fatal(err)
@@ -394,12 +394,12 @@ func TestOutboxRefusals(t *testing.T) {
 	// one): 422 and no sequence taken.
 	wantRefusal(t, o.postOutbox(o.service, replace(`"task.proposals"`, `"task.none"`)), 422, "no_endpoint")
 	for _, id := range o.active {
-		if err := o.st.SetEndpointState(context.Background(), tenantA, id, store.EndpointDisabled, "http_410"); err != nil {
+		if err := o.st.Outbox().SetEndpointState(context.Background(), tenantA, id, store.EndpointDisabled, "http_410"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wantRefusal(t, o.postOutbox(o.service, []byte(valid)), 422, "no_endpoint")
-	if err := o.st.SetEndpointState(context.Background(), tenantA, o.active[0], store.EndpointActive, ""); err != nil {
+	if err := o.st.Outbox().SetEndpointState(context.Background(), tenantA, o.active[0], store.EndpointActive, ""); err != nil {
 		t.Fatal(err)
 	}
 	a, env := o.enqueued(o.postOutbox(o.service, []byte(valid)), http.StatusCreated, o.pub)
@@ -457,7 +457,7 @@ func TestOutboxTenantIsolation(t *testing.T) {
 	if err := envB.Verify(o.pub); err == nil {
 		t.Fatal("tenant-b's envelope verifies with tenant-a's key")
 	}
-	if st, err := o.st.OutboxMessage(context.Background(), "tenant-b", b.MessageIDs[0]); err != nil || st.EndpointID != epB {
+	if st, err := o.st.Outbox().OutboxMessage(context.Background(), "tenant-b", b.MessageIDs[0]); err != nil || st.EndpointID != epB {
 		t.Fatalf("tenant-b message: %+v %v", st, err)
 	}
 
@@ -474,7 +474,7 @@ func TestOutboxTenantIsolation(t *testing.T) {
 	// And tenant-a cannot see tenant-b's message.
 	wantRefusal(t, o.get(o.service, "/v1/outbox/"+b.MessageIDs[0]), 404, "not_found")
 	// tenant-a's message is still dead, untouched by the attempts above.
-	if st, err := o.st.OutboxMessage(context.Background(), tenantA, msgA); err != nil || st.Status != "dead" {
+	if st, err := o.st.Outbox().OutboxMessage(context.Background(), tenantA, msgA); err != nil || st.Status != "dead" {
 		t.Fatalf("tenant-a's message: %+v %v", st, err)
 	}
 }
@@ -484,7 +484,7 @@ func TestOutboxTenantIsolation(t *testing.T) {
 func kill(t testing.TB, f *fixture, tenant string, ids ...string) {
 	t.Helper()
 	ctx := context.Background()
-	claimed, err := f.st.Claim(ctx, tenant, store.MaxClaim, time.Minute)
+	claimed, err := f.st.Outbox().Claim(ctx, tenant, store.MaxClaim, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,10 +492,10 @@ func kill(t testing.TB, f *fixture, tenant string, ids ...string) {
 	for _, c := range claimed {
 		if slices.Contains(ids, c.MessageID) {
 			found++
-			if err := f.st.MarkDead(ctx, tenant, c.MessageID, c.Attempt, store.CodeHTTP4xx, false); err != nil {
+			if err := f.st.Outbox().MarkDead(ctx, tenant, c.MessageID, c.Attempt, store.CodeHTTP4xx, false); err != nil {
 				t.Fatal(err)
 			}
-		} else if err := f.st.MarkRetry(ctx, tenant, c.MessageID, c.Attempt, time.Now().Add(time.Hour), store.CodeHTTP5xx); err != nil {
+		} else if err := f.st.Outbox().MarkRetry(ctx, tenant, c.MessageID, c.Attempt, time.Now().Add(time.Hour), store.CodeHTTP5xx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -550,16 +550,16 @@ func TestOutboxMessageStatus(t *testing.T) {
 
 	// Delivered: attempts 1, delivered_at set, nothing next.
 	ctx := context.Background()
-	claimed, err := o.st.Claim(ctx, tenantA, store.MaxClaim, time.Minute)
+	claimed, err := o.st.Outbox().Claim(ctx, tenantA, store.MaxClaim, time.Minute)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim: %d %v", len(claimed), err)
 	}
 	for _, c := range claimed {
 		if c.MessageID == id {
-			if err := o.st.MarkDelivered(ctx, tenantA, id, c.Attempt); err != nil {
+			if err := o.st.Outbox().MarkDelivered(ctx, tenantA, id, c.Attempt); err != nil {
 				t.Fatal(err)
 			}
-		} else if err := o.st.MarkRetry(ctx, tenantA, c.MessageID, c.Attempt, time.Now().Add(time.Hour), store.CodeHTTP5xx); err != nil {
+		} else if err := o.st.Outbox().MarkRetry(ctx, tenantA, c.MessageID, c.Attempt, time.Now().Add(time.Hour), store.CodeHTTP5xx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -708,7 +708,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 		t.Fatalf("audit row %+v", row)
 	}
 	// The replayed message is claimable again with the same body.
-	claimed, err := o.st.Claim(context.Background(), tenantA, store.MaxClaim, time.Minute)
+	claimed, err := o.st.Outbox().Claim(context.Background(), tenantA, store.MaxClaim, time.Minute)
 	if err != nil || len(claimed) != 1 || claimed[0].MessageID != id || !bytes.Equal(claimed[0].Body, a.Envelope) ||
 		claimed[0].Attempt != before.Attempts+1 {
 		t.Fatalf("claim after replay: %+v %v", claimed, err)
@@ -729,7 +729,7 @@ func TestOutboxAfterPayloadExpiry(t *testing.T) {
 	// The settles fixed the expiry at now + the default 2160h; the janitor
 	// runs past it.
 	for {
-		d, err := o.st.DeleteExpiredOutbound(context.Background(), time.Now().Add(2200*time.Hour), store.MaxDeleteBatch)
+		d, err := o.st.Retention().DeleteExpiredOutbound(context.Background(), time.Now().Add(2200*time.Hour), store.MaxDeleteBatch)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -174,7 +174,7 @@ func TestCredentialCacheHoldsNoToken(t *testing.T) {
 func TestRevocationWithinCacheTTL(t *testing.T) {
 	const ttl = time.Second
 	f := newFixture(t, func(c *Config) { c.CredentialCacheTTL = ttl })
-	tok, id, err := f.st.IssueCredential(context.Background(), tenantA, "acct-1", "device-9", store.RoleDevice)
+	tok, id, err := f.st.Credentials().IssueCredential(context.Background(), tenantA, "acct-1", "device-9", store.RoleDevice)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestRevocationWithinCacheTTL(t *testing.T) {
 	if r := f.get(tok, path); r.status != http.StatusOK {
 		t.Fatalf("before revocation: %d %s", r.status, r.body)
 	}
-	if err := f.st.RevokeCredential(context.Background(), tenantA, id); err != nil {
+	if err := f.st.Credentials().RevokeCredential(context.Background(), tenantA, id); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()

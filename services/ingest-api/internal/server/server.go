@@ -184,11 +184,19 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// concerns are the parts of the store the routes use; readiness holds the
+// Store itself.
+type concerns struct {
+	credentials *store.Credentials
+	inbound     *store.Inbound
+	outbox      *store.Outbox
+}
+
 // Server is the ingest API. Build it with New, serve Handler, and Close it
 // after the HTTP server has shut down.
 type Server struct {
 	cfg     Config
-	store   *store.Store
+	store   concerns
 	log     *slog.Logger
 	metrics *metrics
 	peer    *limiter.Peer
@@ -233,7 +241,7 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		return nil, fmt.Errorf("server: outbox limiter: %w", err)
 	}
 	s := &Server{
-		cfg: cfg, store: st, log: log,
+		cfg: cfg, store: concerns{st.Credentials(), st.Inbound(), st.Outbox()}, log: log,
 		metrics:    newMetrics(reg, bodies),
 		bodies:     bodies,
 		peer:       peer,
@@ -245,8 +253,8 @@ func New(cfg Config, st *store.Store, log *slog.Logger, reg prometheus.Registere
 		tracer:     cfg.Tracing.Tracer(TracerName),
 		ready:      store.NewReadiness(st, store.ReadinessConfig{Need: migrations.Latest(), Timeout: cfg.StoreTimeout, Now: cfg.Now}),
 	}
-	s.commit = newCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
-	s.outboxCommit = newOutboxCommitter(st, log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.commit = newCommitter(st.Inbound(), log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
+	s.outboxCommit = newOutboxCommitter(st.Outbox(), log, s.metrics, cfg.StoreTimeout, cfg.GroupCommitWindow, cfg.GroupCommitMaxItems, cfg.GroupCommitConcurrency)
 	s.echo = s.routes()
 	return s, nil
 }

@@ -32,7 +32,7 @@ func (s *Server) getStream(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	ss, err := s.store.Stream(ctx, id.TenantID, project, producer)
+	ss, err := s.store.inbound.Stream(ctx, id.TenantID, project, producer)
 	if err != nil {
 		return s.unavailable(c, "stream", err)
 	}
@@ -69,7 +69,7 @@ func (s *Server) getStreamEnvelopes(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	rows, cursor, err := s.store.ReadStream(ctx, id.TenantID, project, producer, after, limit, envelope.MaxPageBytes)
+	rows, cursor, err := s.store.inbound.ReadStream(ctx, id.TenantID, project, producer, after, limit, envelope.MaxPageBytes)
 	if err != nil {
 		return s.unavailable(c, "read_stream", err)
 	}

@@ -24,7 +24,7 @@ func TestStreamStateRoute(t *testing.T) {
 	}
 	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "accepted", "", 1)
 	wantAnswer(t, f.post(f.device, f.sign(draft(3))), 200, "accepted", "", 1)
-	if _, err := f.st.SetReplayFloor(context.Background(), tenantA, "proj-2", deviceA, 7); err != nil {
+	if _, err := f.st.Inbound().SetReplayFloor(context.Background(), tenantA, "proj-2", deviceA, 7); err != nil {
 		t.Fatal(err)
 	}
 	r = f.get(f.device, "/v1/streams/proj-1/device-7")
@@ -108,7 +108,7 @@ func TestStreamExpiredPayloads(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.PayloadRetention = time.Nanosecond })
 	wantAnswer(t, f.post(f.device, f.sign(draft(1))), 200, "accepted", "", 1)
 	wantAnswer(t, f.post(f.device, f.sign(draft(2))), 200, "accepted", "", 2)
-	if _, err := f.st.DeleteExpiredPayloads(context.Background(), time.Now(), 1); err != nil {
+	if _, err := f.st.Retention().DeleteExpiredPayloads(context.Background(), time.Now(), 1); err != nil {
 		t.Fatal(err)
 	}
 	r := f.get(f.service, "/v1/streams/proj-1/device-7/envelopes")

@@ -36,7 +36,7 @@ func benchmarkDeleteExpired(b *testing.B, batch int) {
 		f.exec(b, `VACUUM ANALYZE inbound_payloads`)
 		b.StartTimer()
 		start := time.Now()
-		sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: batch})
+		sum, err := Sweep(context.Background(), st.Retention(), time.Now(), Pace{Batch: batch})
 		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -22,7 +22,7 @@ func TestSweepDeletesExactlyTheExpiredInBoundedBatches(t *testing.T) {
 	before := f.snapshot(t)
 	st := storetest.Open(t, f.janitorDSN)
 
-	rec := &recorder{Deleter: st}
+	rec := &recorder{Deleter: st.Retention()}
 	sum, err := Sweep(context.Background(), rec, time.Now(), Pace{Batch: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -59,13 +59,13 @@ func TestSweepSmallBatchesAndNothingDue(t *testing.T) {
 	st := storetest.Open(t, f.janitorDSN)
 
 	// An empty table: one probe, nothing deleted.
-	sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: 1000})
+	sum, err := Sweep(context.Background(), st.Retention(), time.Now(), Pace{Batch: 1000})
 	if err != nil || sum != (Summary{StoppedBy: StoppedDone}) {
 		t.Fatalf("empty sweep = %+v, %v", sum, err)
 	}
 
 	f.seed(t, 1, 1_050, 1_000)
-	rec := &recorder{Deleter: st}
+	rec := &recorder{Deleter: st.Retention()}
 	sum, err = Sweep(context.Background(), rec, time.Now(), Pace{Batch: 300})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestSweepSmallBatchesAndNothingDue(t *testing.T) {
 		t.Fatalf("batch sizes = %v, want %v", rec.sizes, want)
 	}
 	// The cutoff is the run's start: payloads still live at that instant stay.
-	sum, err = Sweep(context.Background(), st, time.Now().Add(-48*time.Hour), Pace{Batch: 1000})
+	sum, err = Sweep(context.Background(), st.Retention(), time.Now().Add(-48*time.Hour), Pace{Batch: 1000})
 	if err != nil || sum.RowsDeleted != 0 {
 		t.Fatalf("sweep with an old cutoff = %+v, %v", sum, err)
 	}
@@ -92,7 +92,7 @@ func TestSweepRefusesBatchOutsideContract(t *testing.T) {
 	f.seed(t, 1, 10, 10)
 	st := storetest.Open(t, f.janitorDSN)
 	for _, batch := range []int{0, -1, 1001} {
-		sum, err := Sweep(context.Background(), st, time.Now(), Pace{Batch: batch})
+		sum, err := Sweep(context.Background(), st.Retention(), time.Now(), Pace{Batch: batch})
 		if err == nil || sum.StoppedBy != StoppedError || sum.RowsDeleted != 0 {
 			t.Fatalf("batch %d: summary %+v, err %v; want an error", batch, sum, err)
 		}
@@ -109,7 +109,7 @@ func TestTwoSweepsAtOnceDeleteEachRowOnce(t *testing.T) {
 	before := f.snapshot(t)
 	// Each sweep has its own pool, as two pods would; no advisory lock here:
 	// this is the store-level guarantee the lock is backed by.
-	stores := []Deleter{storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN)}
+	stores := []Deleter{storetest.Open(t, f.janitorDSN).Retention(), storetest.Open(t, f.janitorDSN).Retention()}
 	sums := make([]Summary, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -163,7 +163,7 @@ func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
 	}
 	// The expired rows' slots, to tell afterwards which new rows took one.
 	f.exec(t, `CREATE TABLE expired_slots AS SELECT tableoid AS heap, ctid AS slot FROM inbound_payloads WHERE expires_at <= now()`)
-	stores := []Deleter{storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN), storetest.Open(t, f.janitorDSN)}
+	stores := []Deleter{storetest.Open(t, f.janitorDSN).Retention(), storetest.Open(t, f.janitorDSN).Retention(), storetest.Open(t, f.janitorDSN).Retention()}
 	// The helpers stop between statements, never by cancelling one: a
 	// cancelled statement can still commit on the server after the client
 	// gave up on it, and the counts below must see every row written.
@@ -271,7 +271,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	batches := 0
-	rec := &recorder{Deleter: st, onBatch: func(int) {
+	rec := &recorder{Deleter: st.Retention(), onBatch: func(int) {
 		batches++
 		if batches == 3 {
 			cancel(ErrCycleTimeout)
@@ -291,7 +291,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 	// SIGTERM (a plain cancel) after one more batch.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
-	rec2 := &recorder{Deleter: st, onBatch: func(int) { cancel2() }}
+	rec2 := &recorder{Deleter: st.Retention(), onBatch: func(int) { cancel2() }}
 	sum, err = Sweep(ctx2, rec2, time.Now(), Pace{Batch: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +303,7 @@ func TestSweepStopsCleanlyOnTimeoutAndCancel(t *testing.T) {
 	// A context already past its deadline deletes nothing.
 	ctx3, cancel3 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel3()
-	sum, err = Sweep(ctx3, st, time.Now(), Pace{Batch: 1000})
+	sum, err = Sweep(ctx3, st.Retention(), time.Now(), Pace{Batch: 1000})
 	if err != nil || sum != (Summary{StoppedBy: StoppedTimeout}) {
 		t.Fatalf("expired deadline: %+v, %v", sum, err)
 	}

@@ -7,9 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/envelopeworker/envelopeworker/migrations"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/services/retention-janitor/internal/config"
@@ -37,7 +34,7 @@ const setupTimeout = time.Minute
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 	start := time.Now()
 	var sum Summary
-	var session deleteSession // the delete session's settings; unknown until it is open
+	var session store.SessionSettings // the delete session's settings; unknown until it is open
 	defer func() {
 		end := time.Now()
 		sum.Duration = end.Sub(start)
@@ -87,18 +84,19 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 	}
 	setupCtx, cancelSetup := context.WithTimeout(ctx, setupTimeout)
 	defer cancelSetup()
-	lock, held, cutoff, err := tryLock(setupCtx, cfg.DatabaseURL)
+	lock, err := tryLock(setupCtx, cfg.DatabaseURL)
 	if err != nil {
 		return canceled(err)
 	}
+	cutoff := lock.At()
 	defer func() {
-		if uerr := unlock(ctx, lock, held); uerr != nil && err == nil {
+		if uerr := unlock(ctx, lock); uerr != nil && err == nil {
 			// The run's work is committed; a failed unlock only means the
 			// session ends (and releases the lock) when the process exits.
 			log.Warn("advisory unlock failed", slog.String("error", uerr.Error()))
 		}
 	}()
-	if !held {
+	if !lock.Held() {
 		log.Info("another retention-janitor run holds the advisory lock; exiting")
 		sum.StoppedBy = StoppedLockHeld
 		return nil
@@ -119,7 +117,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 		return canceled(fmt.Errorf("open store: %w", err))
 	}
 	defer st.Close()
-	if session, err = readSession(setupCtx, st); err != nil {
+	if session, err = st.SessionSettings(setupCtx); err != nil {
 		return canceled(err)
 	}
 	if refused != "" {
@@ -135,41 +133,32 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) (err error) {
 	cycleCtx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, ErrCycleTimeout)
 	defer cancel()
 	pace := Pace{Batch: cfg.BatchSize, RowsPerSecond: cfg.MaxRowsPerSecond}
-	if sum, err = Sweep(cycleCtx, st, cutoff, pace); err != nil || sum.StoppedBy != StoppedDone {
+	if sum, err = Sweep(cycleCtx, st.Retention(), cutoff, pace); err != nil || sum.StoppedBy != StoppedDone {
 		return err
 	}
 	// Outbound bodies after inbound payloads, in the same cycle budget and
 	// at the same pace (§8.9).
-	out, err := SweepOutbound(cycleCtx, st, cutoff, pace)
+	out, err := SweepOutbound(cycleCtx, st.Retention(), cutoff, pace)
 	sum.OutboundBodiesDeleted, sum.OutboundAttemptsDeleted = out.OutboundBodiesDeleted, out.OutboundAttemptsDeleted
 	sum.OutboundBatches, sum.StoppedBy = out.OutboundBatches, out.StoppedBy
 	return err
 }
 
-// tryLock opens the lock's own connection and tries the advisory lock. The
-// lock belongs to that session, so closing the connection (or the process
-// dying) releases it. It also returns the database's clock as the cycle's
-// cutoff: the one clock every janitor pod shares, so a pod whose own clock
-// runs ahead does not delete payloads early.
-func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error) {
-	cc, err := pgx.ParseConfig(dsn)
-	if err != nil {
+// tryLock takes the run's advisory lock on a connection of its own (the
+// lock belongs to that session, so the process dying releases it) and reads
+// the database's clock as the cycle's cutoff: the one clock every janitor
+// pod shares, so a pod whose own clock runs ahead does not delete payloads
+// early.
+func tryLock(ctx context.Context, dsn string) (*store.SessionLock, error) {
+	lock, err := store.TryLock(ctx, dsn, "retention-janitor-lock", LockKey)
+	if errors.Is(err, store.ErrInvalid) {
 		// The DSN may hold a password; its text is never echoed.
-		return nil, false, time.Time{}, fmt.Errorf("%w: DATABASE_URL is not a valid PostgreSQL URL", config.ErrInvalid)
+		return nil, fmt.Errorf("%w: DATABASE_URL is not a valid PostgreSQL URL", config.ErrInvalid)
 	}
-	cc.RuntimeParams["application_name"] = "retention-janitor-lock"
-	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		// pgconn's message names host, user and database, never the password.
-		return nil, false, time.Time{}, fmt.Errorf("connect: %w: %w", store.ErrUnavailable, err)
+		return nil, fmt.Errorf("advisory lock: %w", err)
 	}
-	var held bool
-	var now time.Time
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1), now()`, LockKey).Scan(&held, &now); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, false, time.Time{}, fmt.Errorf("advisory lock: %w: %w", store.ErrUnavailable, err)
-	}
-	return conn, held, now, nil
+	return lock, nil
 }
 
 // trySetWALCompression tries want as the lock session's wal_compression, so
@@ -177,49 +166,25 @@ func tryLock(ctx context.Context, dsn string) (*pgx.Conn, bool, time.Time, error
 // on PostgreSQL 15) and whether it knows the method. It returns what the
 // store's sessions should set ("" for the server's setting) and why want is
 // not used ("" when it is).
-func trySetWALCompression(ctx context.Context, conn *pgx.Conn, want string) (set, refused string, err error) {
+func trySetWALCompression(ctx context.Context, lock *store.SessionLock, want string) (set, refused string, err error) {
 	if want == config.WALCompressionServer {
 		return "", "", nil
 	}
-	_, err = conn.Exec(ctx, `SELECT set_config('wal_compression', $1, false)`, want)
-	var pgErr *pgconn.PgError
+	err = lock.TryWALCompression(ctx, want)
 	switch {
 	case err == nil:
 		return want, "", nil
-	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+	case errors.Is(err, store.ErrNotPermitted):
 		return "", "this role may not set it", nil
-	case errors.As(err, &pgErr) && pgErr.Code == "22023": // invalid_parameter_value
+	case errors.Is(err, store.ErrInvalid):
 		return "", "this server does not support it", nil
 	default:
-		return "", "", fmt.Errorf("set wal_compression: %w: %w", store.ErrUnavailable, err)
+		return "", "", fmt.Errorf("set wal_compression: %w", err)
 	}
 }
 
-// deleteSession is what the summary reports of the session the deletes run in.
-type deleteSession struct {
-	WALCompression    string
-	SynchronousCommit string
-}
-
-func readSession(ctx context.Context, st *store.Store) (deleteSession, error) {
-	var d deleteSession
-	err := st.DB().QueryRowContext(ctx, `SELECT current_setting('wal_compression'), current_setting('synchronous_commit')`).
-		Scan(&d.WALCompression, &d.SynchronousCommit)
-	if err != nil {
-		return deleteSession{}, fmt.Errorf("read session settings: %w: %w", store.ErrUnavailable, err)
-	}
-	return d, nil
-}
-
-func unlock(ctx context.Context, conn *pgx.Conn, held bool) error {
+func unlock(ctx context.Context, lock *store.SessionLock) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 	defer cancel()
-	var err error
-	if held {
-		_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, LockKey)
-	}
-	if cerr := conn.Close(ctx); err == nil {
-		err = cerr
-	}
-	return err
+	return lock.Release(ctx)
 }

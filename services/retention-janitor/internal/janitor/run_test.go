@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
@@ -124,31 +123,31 @@ func TestTrySetWALCompression(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, f.janitorDSN)
+	lock, err := tryLock(ctx, f.janitorDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	defer unlock(ctx, lock)
 	for _, tc := range []struct{ want, set, refused string }{
 		{config.WALCompressionServer, "", ""},
 		{"no-such-method", "", "this server does not support it"},
 	} {
-		set, refused, err := trySetWALCompression(ctx, conn, tc.want)
+		set, refused, err := trySetWALCompression(ctx, lock, tc.want)
 		if err != nil || set != tc.set || refused != tc.refused {
 			t.Errorf("%s: set %q, refused %q, %v; want %q, %q", tc.want, set, refused, err, tc.set, tc.refused)
 		}
 	}
 	if f.grantable(t) {
-		if set, refused, err := trySetWALCompression(ctx, conn, "pglz"); err != nil || set != "pglz" || refused != "" {
+		if set, refused, err := trySetWALCompression(ctx, lock, "pglz"); err != nil || set != "pglz" || refused != "" {
 			t.Errorf("pglz as the janitor: set %q, refused %q, %v", set, refused, err)
 		}
 	}
 	// A connection that is gone is a failure of the run, not a refusal.
-	dead, err := pgx.Connect(ctx, f.janitorDSN)
+	dead, err := store.TryLock(ctx, f.janitorDSN, "janitor-test", LockKey+1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = dead.Close(ctx)
+	_ = dead.Release(ctx)
 	if _, _, err := trySetWALCompression(ctx, dead, "lz4"); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("closed connection: %v, want ErrUnavailable", err)
 	}

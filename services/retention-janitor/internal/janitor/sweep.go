@@ -25,14 +25,14 @@ const (
 var ErrCycleTimeout = errors.New("janitor cycle timeout reached")
 
 // Deleter deletes up to batch payloads expired at now and reports how many
-// went; *store.Store implements it.
+// went; *store.Retention implements it.
 type Deleter interface {
 	DeleteExpiredPayloads(ctx context.Context, now time.Time, batch int) (int, error)
 }
 
 // OutboundDeleter deletes expired outbound bodies and their attempt rows
-// (contract §8.9), one DELETE of at most batch rows a call; *store.Store
-// implements it.
+// (contract §8.9), one DELETE of at most batch rows a call;
+// *store.Retention implements it.
 type OutboundDeleter interface {
 	DeleteExpiredOutbound(ctx context.Context, now time.Time, batch int) (store.OutboundDeleted, error)
 }
