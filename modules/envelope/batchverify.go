@@ -50,6 +50,11 @@ func (it *sigItem) decode(pub, sig []byte) bool {
 	if _, err := it.a.SetBytes(pub); err != nil {
 		return false
 	}
+	return it.decodeSig(sig)
+}
+
+// decodeSig reads R and S only: a batch decodes each distinct key once.
+func (it *sigItem) decodeSig(sig []byte) bool {
 	if _, err := it.r.SetBytes(sig[:32]); err != nil {
 		return false
 	}
@@ -137,11 +142,11 @@ type batchEquation struct {
 }
 
 // batchKey is one distinct public key of the batch: a batch usually has
-// one signing key, and the coefficients of its A terms add up, so its point
-// enters the multi-scalar multiplication once.
+// one signing key, so it is decoded once, and the coefficients of its A
+// terms add up, so its point enters the multi-scalar multiplication once.
 type batchKey struct {
 	enc []byte
-	a   *edwards25519.Point
+	a   edwards25519.Point
 }
 
 func (e *batchEquation) len() int { return len(e.sigs) }
@@ -160,31 +165,36 @@ func (v *BatchVerifier) prepare() *batchEquation {
 			eq.undecodable++
 			continue
 		}
+		key, ok := eq.key(it.pub)
 		eq.sigs = append(eq.sigs, sigItem{})
 		s := &eq.sigs[len(eq.sigs)-1]
-		if !s.decode(it.pub, it.sig) {
+		if !ok || !s.decodeSig(it.sig) {
 			eq.sigs = eq.sigs[:len(eq.sigs)-1]
 			eq.undecodable++
 			continue
 		}
 		s.challenge(h, it.pub, it.sig, it.msg)
 		eq.index = append(eq.index, i)
-		eq.keyOf = append(eq.keyOf, eq.key(it.pub, &s.a))
+		eq.keyOf = append(eq.keyOf, key)
 	}
 	return eq
 }
 
-// key returns the position of pub among the batch's distinct keys, adding
-// it when new. A linear scan: a batch holds at most MaxBatch items and
-// usually one key.
-func (e *batchEquation) key(pub []byte, a *edwards25519.Point) int {
-	for j, k := range e.keys {
-		if bytes.Equal(k.enc, pub) {
-			return j
+// key returns the position of pub among the batch's distinct keys, decoding
+// and adding it when new; false when pub is not a point. A linear scan: a
+// batch holds at most MaxBatch items and usually one key.
+func (e *batchEquation) key(pub []byte) (int, bool) {
+	for j := range e.keys {
+		if bytes.Equal(e.keys[j].enc, pub) {
+			return j, true
 		}
 	}
-	e.keys = append(e.keys, batchKey{enc: pub, a: a})
-	return len(e.keys) - 1
+	e.keys = append(e.keys, batchKey{enc: pub})
+	if _, err := e.keys[len(e.keys)-1].a.SetBytes(pub); err != nil {
+		e.keys = e.keys[:len(e.keys)-1]
+		return 0, false
+	}
+	return len(e.keys) - 1, true
 }
 
 // holds checks, with z holding 16 random bytes per item (the 128-bit
@@ -206,20 +216,19 @@ func (e *batchEquation) holds(z []byte) bool {
 	points[0] = edwards25519.NewGeneratorPoint()
 	aCoeffs := scalars[1+n:]
 	for j := range e.keys {
-		points[1+n+j] = e.keys[j].a
+		points[1+n+j] = &e.keys[j].a
 	}
-	var wide [64]byte
-	zi := new(edwards25519.Scalar)
+	var buf [32]byte
 	for i := range e.sigs {
-		s := &e.sigs[i]
-		copy(wide[:16], z[16*i:16*i+16])
-		if _, err := zi.SetUniformBytes(wide[:]); err != nil {
-			panic(err) // 64 bytes: cannot fail
+		s, zi := &e.sigs[i], &scalars[1+i]
+		// Below 2^128 < L, so canonical.
+		copy(buf[:16], z[16*i:16*i+16])
+		if _, err := zi.SetCanonicalBytes(buf[:]); err != nil {
+			panic(err) // 16 bytes of 32: cannot fail
 		}
 		bCoeff.MultiplyAdd(zi, &s.s, bCoeff)
 		a := &aCoeffs[e.keyOf[i]]
 		a.MultiplyAdd(zi, &s.k, a)
-		scalars[1+i].Set(zi)
 		points[1+i] = &s.r
 	}
 	bCoeff.Negate(bCoeff)
