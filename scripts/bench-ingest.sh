@@ -8,6 +8,8 @@
 #   BENCH_BATCH=100         envelopes per batch request
 #   BENCH_SINGLE_COUNT=200000 BENCH_BATCH_COUNT=400000   envelopes signed ahead per run (memory bound)
 #   BENCH_KEEP_DB=1          keep the envelopeworker_bench database afterwards (dropped by default)
+#   BENCH_DB=envelopeworker_bench   the database's name (lower-case letters, digits, _): two trees can
+#                            then run it side by side against one server, e.g. a before/after pair
 #   BENCH_PAYLOAD_BYTES=600  padding per payload: about 1 KiB signed envelopes, like the pgbench script's rows
 #   BENCH_SDK=1              after each load generator run, the same run through the producer module
 #                            (loadgen-ingest run --sdk: in-memory store, signing inside the clock)
@@ -29,7 +31,8 @@ single_count=${BENCH_SINGLE_COUNT:-200000}
 batch_count=${BENCH_BATCH_COUNT:-400000}
 payload=${BENCH_PAYLOAD_BYTES:-600}
 bench_init bench-ingest
-db=envelopeworker_bench
+db=${BENCH_DB:-envelopeworker_bench}
+[[ $db =~ ^[a-z_][a-z0-9_]*$ ]] || die "BENCH_DB must be lower-case letters, digits and _"
 cleanup() {
 	stop_pidfile "$pidfile" ingest-api
 	rm -f "$work/creds.json" # tokens and seeds of producers whose database is about to go

@@ -9,10 +9,11 @@
 //     enforces the contract's document limits while it reads and writes the
 //     RFC 8785 (JCS) form in the same pass.
 //   - The envelope's step 2 (Parse): structure, member types and bounded
-//     identities; step 3 (Envelope.Verify): the Ed25519 signature over the
-//     signing input; step 4 (Envelope.Validate): schema version, the closed
-//     metadata object and the issued_at window. Every refusal is an *Error
-//     carrying the contract's stable Reason.
+//     identities; step 3 (Envelope.Verify, or BatchVerifier for many at
+//     once): the Ed25519 signature over the signing input; step 4
+//     (Envelope.Validate): schema version, the closed metadata object and
+//     the issued_at window. Every refusal is an *Error carrying the
+//     contract's stable Reason.
 //   - The derived values the store keys on: SigningInput, ContentDigest,
 //     EventIdentity, IdempotencyDigest, and Canonical, the only form that is
 //     ever stored, served or delivered.
@@ -57,6 +58,36 @@
 // 0; 9007199254740993 becomes 9007199254740992). The signing input is
 // SigningPrefix followed by the canonical envelope without its signature
 // member; the stored form is the canonical envelope with it.
+//
+// # Which signatures verify
+//
+// The contract says Ed25519 and RFC 8032, whose verification rules leave
+// room: implementations differ on non-canonical point encodings, on
+// small-order components and on whether the check is cofactored. Where it
+// is silent, VerifySignature, Envelope.Verify and BatchVerifier accept
+// exactly the ZIP-215 set:
+//
+//   - S must be canonical (S < L);
+//   - A and R are decoded with non-canonical encodings accepted (y ≥ p, or
+//     x = 0 with the sign bit set), and hashed as sent;
+//   - the check is cofactored: [8](S·B − k·A − R) = identity, with
+//     k = SHA-512(R‖A‖M) mod L.
+//
+// The cofactored equation is what makes one accept set possible for single
+// and batch checks: a batch sums the items' equations times random 128-bit
+// coefficients, and only with the cofactor does a passing sum imply (but
+// for a 2^-128 chance) that every item passes on its own. BatchVerifier
+// falls back to single checks when a batch fails, so every item gets its own
+// verdict, which is always VerifySignature's.
+//
+// Every signature made by RFC 8032 signing is accepted by both ZIP-215 and
+// crypto/ed25519's cofactorless rules (and everything crypto/ed25519
+// accepts, ZIP-215 accepts). They differ only on signatures a signer
+// crafted on purpose, with a small-order or mixed-order R or a
+// non-canonical R encoding (accepted here, refused by crypto/ed25519), or
+// under a small-order key, which ValidatePublicKey refuses at registration.
+// Making one takes the signer's own secret key, so it can only affect that
+// signer's own envelopes: it does not let anyone forge for another key.
 //
 // # Decisions where the contract is silent
 //

@@ -31,12 +31,11 @@ func (e *Envelope) Verify(pub ed25519.PublicKey) error {
 }
 
 // VerifySignature reports whether sig is a valid Ed25519 signature of msg by
-// pub. Wrong key or signature lengths give false instead of a panic.
+// pub under the ZIP-215 rules (package doc, "Which signatures verify"), the
+// same set BatchVerifier accepts. Wrong key or signature lengths give false
+// instead of a panic.
 func VerifySignature(pub ed25519.PublicKey, msg, sig []byte) bool {
-	if len(pub) != ed25519.PublicKeySize || len(sig) != ed25519.SignatureSize {
-		return false
-	}
-	return ed25519.Verify(pub, msg, sig)
+	return verifyZIP215(pub, msg, sig)
 }
 
 // ValidatePublicKey is the registration check for device keys: exactly 32

@@ -111,33 +111,74 @@ type keyCache map[string]store.Key
 // come from the replica's cache, and the decision carries the public key it
 // verified with so that the store re-checks it at commit (see activeKeys).
 func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, shared *activeKeys, now time.Time) (decision, error) {
+	p, dec, err := s.resolve(ctx, actor, raw, idem, keys, shared)
+	if p == nil || err != nil {
+		return dec, err
+	}
+	return s.finish(ctx, actor, p, shared != nil, now)
+}
+
+// signatureVerdict is what is known of an envelope's signature under the
+// key it was resolved with.
+type signatureVerdict int8
+
+const (
+	signatureUnchecked signatureVerdict = iota
+	signatureValid
+	signatureInvalid
+)
+
+// resolved is an envelope that passed step 2 and whose key was found: what
+// remains is its signature (step 3) and step 4.
+type resolved struct {
+	env       *envelope.Envelope
+	key       store.Key
+	signature signatureVerdict
+}
+
+// validSignature reports whether the signature verifies under the resolved
+// key, verifying it now unless a batch check or the key cache already did.
+func (r *resolved) validSignature() bool {
+	if r.signature == signatureUnchecked {
+		r.signature = signatureInvalid
+		if r.env.Verify(r.key.PublicKey) == nil {
+			r.signature = signatureValid
+		}
+	}
+	return r.signature == signatureValid
+}
+
+// resolve runs step 2 and finds the envelope's key (the first half of step
+// 3). It returns either the envelope with its key, or (nil and) the decision
+// already made: a refusal. An error is a failing store (503).
+func (s *Server) resolve(ctx context.Context, actor store.Actor, raw []byte, idem idempotencyHeader, keys keyCache, shared *activeKeys) (*resolved, decision, error) {
 	env, err := envelope.ParseWithLimits(raw, envelope.DefaultLimits())
 	if err != nil {
 		reason, detail := envelopeRefusal(err)
-		return refusalDecision(actor, "", "", reason, detail), nil
+		return nil, refusalDecision(actor, "", "", reason, detail), nil
 	}
 	project, eid := env.ProjectID, env.EventIdentity()
 	if env.TenantID != actor.TenantID {
-		return refusalDecision(actor, project, eid, reasonRouteMismatch, detailTenantMismatch), nil
+		return nil, refusalDecision(actor, project, eid, reasonRouteMismatch, detailTenantMismatch), nil
 	}
 	if env.ProducerID != actor.DeviceID {
-		return refusalDecision(actor, project, eid, reasonRouteMismatch, detailProducerMismatch), nil
+		return nil, refusalDecision(actor, project, eid, reasonRouteMismatch, detailProducerMismatch), nil
 	}
 	if idem.present && !idem.matches(env.IdempotencyKey) {
-		return refusalDecision(actor, project, eid, reasonIdempotencyKeyMismatch, detailIdempotencyHeader), nil
+		return nil, refusalDecision(actor, project, eid, reasonIdempotencyKeyMismatch, detailIdempotencyHeader), nil
 	}
 
-	// Step 3.
+	// Step 3: the key.
 	key, ok := keys[env.KeyID]
-	verified := false
 	if !ok && shared != nil {
 		if key, ok = shared.get(actor.TenantID, env.KeyID); ok {
 			// A signature that fails against a cached key is decided from a
 			// fresh lookup: the key id may have been pruned and added again.
-			if verified = env.Verify(key.PublicKey) == nil; !verified {
-				shared.drop(actor.TenantID, env.KeyID)
-				ok = false
+			if env.Verify(key.PublicKey) == nil {
+				return &resolved{env: env, key: key, signature: signatureValid}, decision{}, nil
 			}
+			shared.drop(actor.TenantID, env.KeyID)
+			ok = false
 		}
 	}
 	if !ok {
@@ -145,23 +186,68 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		key, err = s.store.credentials.LookupKey(lctx, actor.TenantID, env.KeyID)
 		cancel()
 		if errors.Is(err, store.ErrNotFound) {
-			return refusalDecision(actor, project, eid, reasonUnknownKey, detailUnknownKey), nil
+			return nil, refusalDecision(actor, project, eid, reasonUnknownKey, detailUnknownKey), nil
 		}
 		if err != nil {
-			return decision{}, opError{"lookup_key", err}
+			return nil, decision{}, opError{"lookup_key", err}
 		}
 		keys[env.KeyID] = key
 		if shared != nil {
 			shared.put(key)
 		}
 	}
+	return &resolved{env: env, key: key}, decision{}, nil
+}
+
+// batchCheckable reports whether a batch check of the signature may stand
+// in for finish's own: for active and retired keys finish always verifies;
+// for a revoked key it verifies only an exact duplicate of what the key
+// signed, so checking it up front would be wasted work.
+func (r *resolved) batchCheckable() bool {
+	return r.signature == signatureUnchecked && (r.key.State == store.KeyActive || r.key.State == store.KeyRetired)
+}
+
+// verifyBatch checks the signatures of a batch's resolved envelopes with one
+// batch equation (envelope.BatchVerifier, which accepts exactly what
+// Envelope.Verify accepts and gives each item its own verdict). Items
+// without a key, or with a revoked one, are left to finish.
+func verifyBatch(items []*resolved) {
+	var pick []*resolved
+	for _, r := range items {
+		if r != nil && r.batchCheckable() {
+			pick = append(pick, r)
+		}
+	}
+	if len(pick) < 2 {
+		return // one signature: finish verifies it on its own
+	}
+	v := envelope.NewBatchVerifier(len(pick))
+	for _, r := range pick {
+		v.Add(r.key.PublicKey, r.env.SigningInput(), r.env.Signature)
+	}
+	_, valid := v.Verify()
+	for i, r := range pick {
+		r.signature = signatureInvalid
+		if valid[i] {
+			r.signature = signatureValid
+		}
+	}
+}
+
+// finish runs the rest of step 3 (the signature and the key's state) and
+// step 4 for a resolved envelope. cached is the single route's: the key may
+// have come from the replica's cache, so an accepted decision carries the
+// public key for the store to re-check at commit.
+func (s *Server) finish(ctx context.Context, actor store.Actor, r *resolved, cached bool, now time.Time) (decision, error) {
+	env, key := r.env, r.key
+	project, eid := env.ProjectID, env.EventIdentity()
 	switch key.State {
 	case store.KeyActive:
-		if !verified && env.Verify(key.PublicKey) != nil {
+		if !r.validSignature() {
 			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 	case store.KeyRetired:
-		if err := env.Verify(key.PublicKey); err != nil {
+		if !r.validSignature() {
 			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 		if key.RetiredAt == nil || env.IssuedAt.After(*key.RetiredAt) {
@@ -181,7 +267,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 		if !signed || key.State != store.KeyRevoked {
 			return refusalDecision(actor, project, eid, reasonKeyRevoked, detailKeyRevoked), nil
 		}
-		if err := env.Verify(key.PublicKey); err != nil {
+		if !r.validSignature() {
 			return refusalDecision(actor, project, eid, wire.ReasonBadSignature, detailBadSignature), nil
 		}
 	}
@@ -193,7 +279,7 @@ func (s *Server) decide(ctx context.Context, actor store.Actor, raw []byte, idem
 	}
 
 	var verifiedWith []byte
-	if shared != nil && key.State == store.KeyActive {
+	if cached && key.State == store.KeyActive {
 		verifiedWith = key.PublicKey
 	}
 	return decision{item: store.BatchItem{Actor: actor, Ingest: &store.IngestInput{
@@ -347,10 +433,15 @@ func (s *Server) postBatch(c echo.Context) error {
 
 	results := make([]batchResult, len(raws))
 	decisions := make([]decision, len(raws))
+	pending := make([]*resolved, len(raws))
 	processed := len(raws)
 	now := s.cfg.Now()
 	keys := keyCache{}
 	verified := st.phase(spanVerify)
+	// Steps 2–4 in three passes: each item parsed and its key found, then
+	// every signature that needs checking checked in one batch, then the
+	// rest of each item's steps 3 and 4 with its own verdict. The answers
+	// are those of deciding the items one by one.
 	for i, raw := range raws {
 		if i > 0 {
 			d, err := s.takeSync(ctx, id)
@@ -363,8 +454,17 @@ func (s *Server) postBatch(c echo.Context) error {
 				break
 			}
 		}
-		decisions[i], err = s.decide(ctx, actor, raw, idempotencyHeader{}, keys, nil, now)
+		pending[i], decisions[i], err = s.resolve(ctx, actor, raw, idempotencyHeader{}, keys, nil)
 		if err != nil {
+			return s.storeFailure(c, err)
+		}
+	}
+	verifyBatch(pending[:processed])
+	for i, r := range pending[:processed] {
+		if r == nil {
+			continue
+		}
+		if decisions[i], err = s.finish(ctx, actor, r, false, now); err != nil {
 			return s.storeFailure(c, err)
 		}
 	}
