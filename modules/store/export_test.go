@@ -1,7 +1,24 @@
 package store
 
+import (
+	"database/sql"
+	"strconv"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+)
+
+// renderDB only formats bun queries into text; it never connects.
+var renderDB = bun.NewDB(new(sql.DB), pgdialect.New())
+
+// param is the bind parameter $n, which a bun query rendered with it in
+// place of a value carries to the plan tests' PREPARE.
+func param(n int) bun.Safe { return bun.Safe("$" + strconv.Itoa(n)) }
+
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
-// checks, by name.
+// checks, by name. The bun queries among them (listDead, listDeadAfter,
+// outboxAttempts) are rendered with parameters for their values; their
+// limits are the ones the store passes.
 var HotSQL = map[string]string{
 	"lockStream":     lockStreamSQL,
 	"decide":         decideSQL,
@@ -15,11 +32,14 @@ var HotSQL = map[string]string{
 	"outboundByKey":  outboundByKeySQL,
 	"topicEndpoints": topicEndpointsSQL,
 	"claim":          claimSQL,
-	"outboxAttempts": outboxAttemptsSQL,
+	"outboxAttempts": outboxAttemptsQuery(renderDB, param(1), param(2), MaxAttemptHistory).String(),
 	// Settles, replay and message reads (outbox_settle.go, outbox_deadletters.go, outbox.go).
-	"settle":        settleSQL,
-	"replay":        replaySQL,
-	"listDead":      listDeadSQL,
+	"settle": settleSQL,
+	"replay": replaySQL,
+	"listDead": listDeadQuery(renderDB, (*outboxMessageModel)(nil), param(1), param(2), false, nil, nil,
+		MaxDeadLetterPage+1).String(),
+	"listDeadAfter": listDeadQuery(renderDB, (*outboxMessageModel)(nil), param(1), param(2), true, param(3), param(4),
+		MaxDeadLetterPage+1).String(),
 	"messageExists": messageExistsSQL,
 	"outboxMessage": outboxMessageSQL,
 	// Outbound retention (outbox_retention.go, migration 0008).
