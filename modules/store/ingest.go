@@ -234,11 +234,11 @@ func (p prepared) queue(b *pgx.Batch) {
 	if maxAhead <= 0 {
 		maxAhead = DefaultMaxAhead
 	}
-	b.Queue(decideSQL, pgx.StrictNamedArgs{"tenant": a.TenantID, "project": in.ProjectID, "producer": in.ProducerID,
+	b.Queue(decideStmt.text, decideStmt.bind(pgx.StrictNamedArgs{"tenant": a.TenantID, "project": in.ProjectID, "producer": in.ProducerID,
 		"event": p.ev, "idempotency_digest": in.IdempotencyDigest[:], "content_digest": in.ContentDigest[:],
 		"sequence": in.Sequence, "key_id": in.KeyID, "issued_at": in.IssuedAt, "envelope": in.Canonical,
 		"expires_at": in.ExpiresAt, "max_ahead": maxAhead, "account": a.AccountID, "device": a.DeviceID,
-		"event_hex": in.EventIdentity, "correlation_id": a.CorrelationID, "verified_with": in.VerifiedWith})
+		"event_hex": in.EventIdentity, "correlation_id": a.CorrelationID, "verified_with": in.VerifiedWith}))
 }
 
 // read collects decideSQL's answer from the pipeline.
@@ -281,9 +281,10 @@ func (s *Store) Audit(ctx context.Context, a Actor, e AuditEntry) error {
 	if !ok {
 		return newErr(op, ErrInvalid)
 	}
-	_, err := s.sqlDB().ExecContext(ctx, insertAuditSQL, pgx.StrictNamedArgs{"tenant": a.TenantID,
+	_, err := s.sqlDB().ExecContext(ctx, insertAuditStmt.text, insertAuditStmt.bind(pgx.StrictNamedArgs{
+		"tenant":  a.TenantID,
 		"project": e.ProjectID, "account": a.AccountID, "device": a.DeviceID, "event_hex": e.EventIdentity,
-		"outcome": e.Outcome, "reason": e.Reason, "correlation_id": p.actor.CorrelationID})
+		"outcome": e.Outcome, "reason": e.Reason, "correlation_id": p.actor.CorrelationID}))
 	return classify(ctx, op, err)
 }
 
@@ -375,8 +376,8 @@ func runSingle(ctx context.Context, c *pgx.Conn, p prepared, committing func()) 
 	}()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockStreamSQL, pgx.StrictNamedArgs{"tenant": p.actor.TenantID, "project": p.in.ProjectID,
-		"producer": p.in.ProducerID})
+	b.Queue(lockStreamStmt.text, lockStreamStmt.bind(pgx.StrictNamedArgs{"tenant": p.actor.TenantID,
+		"project": p.in.ProjectID, "producer": p.in.ProducerID}))
 	p.queue(b)
 	br := c.SendBatch(ctx, b)
 	var r Result

@@ -155,8 +155,8 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 		ts[i], ps[i], ds[i] = k.tenant, k.project, k.producer
 	}
 	streams := pgx.StrictNamedArgs{"tenants": ts, "projects": ps, "producers": ds}
-	q.Queue(lockStreamsSQL, streams)
-	q.Queue(streamStateSQL, streams)
+	q.Queue(lockStreamsStmt.text, lockStreamsStmt.bind(streams))
+	q.Queue(streamStateStmt.text, streamStateStmt.bind(streams))
 
 	n := 0
 	for _, p := range b.ps {
@@ -173,8 +173,8 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 		tenants, evs, idems = append(tenants, p.actor.TenantID), append(evs, p.ev), append(idems, p.in.IdempotencyDigest[:])
 		keyIDs, verified = append(keyIDs, p.in.KeyID), append(verified, p.in.VerifiedWith) // nil is NULL
 	}
-	q.Queue(lookupSQL, pgx.StrictNamedArgs{"tenants": tenants, "events": evs, "idempotency_digests": idems,
-		"key_ids": keyIDs, "verified_with": verified})
+	q.Queue(lookupStmt.text, lookupStmt.bind(pgx.StrictNamedArgs{"tenants": tenants, "events": evs,
+		"idempotency_digests": idems, "key_ids": keyIDs, "verified_with": verified}))
 }
 
 // readState collects the reads queued by queueReads.
@@ -445,7 +445,7 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 		return nil, err
 	}
 
-	if err := writeAndCommit(ctx, c, writeSQL, args, committing); err != nil {
+	if err := writeAndCommit(ctx, c, writeStmt, args, committing); err != nil {
 		return nil, err
 	}
 	return results, nil
@@ -454,9 +454,9 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 // writeAndCommit sends a set's one write statement and its COMMIT in one
 // pipeline (one round trip), calling committing, when set, once both are on
 // the wire. A COMMIT answered with ROLLBACK is errRolledBack.
-func writeAndCommit(ctx context.Context, c *pgx.Conn, write string, args pgx.StrictNamedArgs, committing func()) error {
+func writeAndCommit(ctx context.Context, c *pgx.Conn, write *namedSQL, args pgx.StrictNamedArgs, committing func()) error {
 	q := &pgx.Batch{}
-	q.Queue(write, args)
+	q.Queue(write.text, write.bind(args))
 	q.Queue("COMMIT")
 	br := c.SendBatch(ctx, q)
 	if committing != nil {

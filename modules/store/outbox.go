@@ -233,8 +233,8 @@ func (s *Store) OutboxMessage(ctx context.Context, tenant, id string) (MessageSt
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}
 	var expired bool
-	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL,
-		pgx.StrictNamedArgs{"tenant": tenant, "message_id": id}), &expired)
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageStmt.text,
+		outboxMessageStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_id": id})), &expired)
 	m.PayloadExpired = expired
 	if errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, newErr(op, ErrNotFound)

@@ -228,15 +228,17 @@ func columns(keys []streamKey) (a, b, c []string) {
 
 func (b *enqueueSet) queueReads(q *pgx.Batch) {
 	ts, ps, ds := columns(b.streams)
-	q.Queue(lockOutboundStreamsSQL, pgx.StrictNamedArgs{"tenants": ts, "projects": ps, "producers": ds})
+	q.Queue(lockOutboundStmt.text, lockOutboundStmt.bind(pgx.StrictNamedArgs{"tenants": ts, "projects": ps,
+		"producers": ds}))
 	tenants, projects, keys := make([]string, len(b.items)), make([]string, len(b.items)), make([][]byte, len(b.items))
 	for i, it := range b.items {
 		tenants[i], projects[i], keys[i] = it.Actor.TenantID, it.Request.ProjectID, it.Request.IdempotencyDigest[:]
 	}
-	q.Queue(outboundByKeySQL, pgx.StrictNamedArgs{"tenants": tenants, "projects": projects, "idempotency_digests": keys})
+	q.Queue(outboundByKeyStmt.text, outboundByKeyStmt.bind(pgx.StrictNamedArgs{"tenants": tenants, "projects": projects,
+		"idempotency_digests": keys}))
 	ts, ps, cs := columns(b.topics)
-	q.Queue(topicEndpointsSQL, pgx.StrictNamedArgs{"tenants": ts, "projects": ps, "topics": cs,
-		"max_endpoints": MaxTopicEndpoints})
+	q.Queue(topicEndpointsStmt.text, topicEndpointsStmt.bind(pgx.StrictNamedArgs{"tenants": ts, "projects": ps,
+		"topics": cs, "max_endpoints": MaxTopicEndpoints}))
 }
 
 // storedEnqueue is an envelope already stored under an item's key.
@@ -543,7 +545,7 @@ func runEnqueueSet(ctx context.Context, c *pgx.Conn, b *enqueueSet, committing f
 		return answers, nil
 	}
 
-	if err := writeAndCommit(ctx, c, writeOutboundSQL, args, nil); err != nil {
+	if err := writeAndCommit(ctx, c, writeOutboundStmt, args, nil); err != nil {
 		return nil, err
 	}
 	return answers, nil

@@ -126,8 +126,8 @@ func (s *Store) settled(ctx context.Context, op, tenant, id string, n int64) err
 		return nil
 	}
 	var exists bool
-	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL,
-		pgx.StrictNamedArgs{"tenant": tenant, "message_id": id}).Scan(&exists); err != nil {
+	if err := s.sqlDB().QueryRowContext(ctx, messageExistsStmt.text,
+		messageExistsStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_id": id})).Scan(&exists); err != nil {
 		return classify(ctx, op, err)
 	}
 	if !exists {
@@ -322,10 +322,10 @@ func (s *Store) settleSet(ctx context.Context, tenant string, ss []Settlement) (
 	}
 	applied := make([]bool, n)
 	err := s.withPgx(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, settleSQL, pgx.StrictNamedArgs{"tenant": tenant, "message_ids": ids,
+		rows, err := c.Query(ctx, settleStmt.text, settleStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_ids": ids,
 			"attempts": attempts, "outcomes": outcomes, "next_attempt_at": nexts, "codes": codes,
 			"disable_endpoint": disable, "started_at": started, "duration_ms": duration, "http_statuses": statuses,
-			"retention_us": s.retentionMicros()})
+			"retention_us": s.retentionMicros()}))
 		if err != nil {
 			return err
 		}

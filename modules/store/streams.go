@@ -67,8 +67,8 @@ func (s *Store) SetReplayFloor(ctx context.Context, tenant, project, producer st
 	var st StreamState
 	var lowered bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if err := tx.QueryRowContext(ctx, lockStreamReturningSQL,
-			pgx.StrictNamedArgs{"tenant": tenant, "project": project, "producer": producer}).
+		if err := tx.QueryRowContext(ctx, lockStreamReturningStmt.text,
+			lockStreamReturningStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "project": project, "producer": producer})).
 			Scan(&st.Cursor, &st.ReplayFloor); err != nil {
 			return err
 		}
