@@ -12,8 +12,8 @@ import (
 // namedSQL is a hot statement written with pgx named arguments (@tenant,
 // @sequence, ...) and rewritten to pgx's $n form once, when the package
 // loads. pgx.NamedArgs rewrites the text on every call, a scan of the whole
-// statement: tens of µs of CPU for decideSQL (BenchmarkNamedArgsRewrite),
-// as much as the rest of an Ingest's work in this process. bind takes a
+// statement: tens of µs and 121 allocations for decideSQL, against about
+// 2 µs and one allocation here (BenchmarkNamedArgsRewrite). bind takes a
 // call's arguments by name, as pgx.StrictNamedArgs does, and only puts them
 // in order.
 type namedSQL struct {
