@@ -52,6 +52,12 @@ type endpointModel struct {
 	CreatedAt      time.Time `bun:"created_at"`
 }
 
+func (r endpointModel) endpoint() Endpoint {
+	return Endpoint{TenantID: r.TenantID, ID: r.EndpointID, ProjectID: r.ProjectID, Topic: r.Topic,
+		URL: r.URL, SecretRef: r.SecretRef, State: EndpointState(r.State), DisabledReason: r.DisabledReason,
+		CreatedAt: r.CreatedAt}
+}
+
 // ListEndpoints returns a page of the tenant's endpoints in id order, of one
 // project when project is not "". Bad arguments are ErrInvalid.
 func (s *Outbox) ListEndpoints(ctx context.Context, p AdminPage, project string) ([]Endpoint, error) {
@@ -69,9 +75,7 @@ func (s *Outbox) ListEndpoints(ctx context.Context, p AdminPage, project string)
 	}
 	out := make([]Endpoint, len(rows))
 	for i, r := range rows {
-		out[i] = Endpoint{TenantID: r.TenantID, ID: r.EndpointID, ProjectID: r.ProjectID, Topic: r.Topic,
-			URL: r.URL, SecretRef: r.SecretRef, State: EndpointState(r.State), DisabledReason: r.DisabledReason,
-			CreatedAt: r.CreatedAt}
+		out[i] = r.endpoint()
 	}
 	return out, nil
 }

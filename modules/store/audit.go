@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/uptrace/bun"
 )
 
 // AuditRecord is one audit row (contract §3). Empty strings mean "not known".
@@ -28,17 +30,23 @@ type AuditFilter struct {
 // MaxAuditLimit bounds one ListAudit page.
 const MaxAuditLimit = 1000
 
-const listAuditSQL = `
-SELECT audit_id, project_id, account_id, device_id, event_identity, outcome, reason, correlation_id, at
-FROM audit_events
-WHERE tenant_id = $1
-  AND ($2 = '' OR project_id = $2)
-  AND ($3::bigint = 0 OR audit_id < $3::bigint)
-  AND ($5::timestamptz IS NULL OR at >= $5::timestamptz)
-  AND ($6::timestamptz IS NULL OR at < $6::timestamptz)
-  AND ($7 = '' OR outcome = $7)
-ORDER BY audit_id DESC
-LIMIT $4`
+// auditModel is an audit row as the listing reads it. Rows are written only
+// by the ingest and outbox statements (insertAuditSQL and the set-based
+// writes), in the transaction of what they record.
+type auditModel struct {
+	bun.BaseModel `bun:"table:audit_events"`
+
+	TenantID      string    `bun:"tenant_id"`
+	AuditID       int64     `bun:"audit_id"`
+	ProjectID     string    `bun:"project_id"`
+	AccountID     string    `bun:"account_id"`
+	DeviceID      string    `bun:"device_id"`
+	EventIdentity string    `bun:"event_identity"`
+	Outcome       string    `bun:"outcome"`
+	Reason        string    `bun:"reason"`
+	CorrelationID string    `bun:"correlation_id"`
+	At            time.Time `bun:"at"`
+}
 
 // ListAudit returns audit rows newest first.
 func (s *Inbound) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, error) {
@@ -52,23 +60,31 @@ func (s *Inbound) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, 
 		(!f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until)) {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, listAuditSQL, f.TenantID, f.ProjectID, f.BeforeID, f.Limit,
-		nullTime(f.Since), nullTime(f.Until), f.Outcome)
-	if err != nil {
+	var rows []auditModel
+	q := s.db.NewSelect().Model(&rows).Where("tenant_id = ?", f.TenantID)
+	if f.ProjectID != "" {
+		q = q.Where("project_id = ?", f.ProjectID)
+	}
+	if f.BeforeID != 0 {
+		q = q.Where("audit_id < ?", f.BeforeID)
+	}
+	if !f.Since.IsZero() {
+		q = q.Where("at >= ?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		q = q.Where("at < ?", f.Until)
+	}
+	if f.Outcome != "" {
+		q = q.Where("outcome = ?", f.Outcome)
+	}
+	if err := q.OrderExpr("audit_id DESC").Limit(f.Limit).Scan(ctx); err != nil {
 		return nil, classify(ctx, op, err)
 	}
-	defer rows.Close()
 	var out []AuditRecord
-	for rows.Next() {
-		r := AuditRecord{TenantID: f.TenantID}
-		if err := rows.Scan(&r.ID, &r.ProjectID, &r.AccountID, &r.DeviceID, &r.EventIdentity,
-			&r.Outcome, &r.Reason, &r.CorrelationID, &r.At); err != nil {
-			return nil, classify(ctx, op, err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(ctx, op, err)
+	for _, r := range rows {
+		out = append(out, AuditRecord{TenantID: r.TenantID, ProjectID: r.ProjectID, AccountID: r.AccountID,
+			DeviceID: r.DeviceID, EventIdentity: r.EventIdentity, Outcome: r.Outcome, Reason: r.Reason,
+			CorrelationID: r.CorrelationID, At: r.At, ID: r.AuditID})
 	}
 	return out, nil
 }

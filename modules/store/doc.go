@@ -64,6 +64,25 @@
 // in a unique violation or deadlock error; the whole transaction is rerun
 // (Options.MaxRetries) and then answers duplicate or conflict.
 //
+// # bun and pgx
+//
+// Operator CRUD and listings (endpoints, keys, credentials, audit, dead
+// letters, attempt history) are bun models, one per table, and bun queries
+// on pgdialect: a few rows of one table at operator pace. The hot paths
+// (ingest, enqueue, claim, settle) stay hand-written SQL on pgx, their
+// arguments named (the claim's not yet) as pgx.StrictNamedArgs takes them,
+// a missing name an error rather than a NULL, but rewritten to $n once, not
+// per call (named.go).
+// Each is one set-based statement (unnest arrays, data-modifying CTEs,
+// LATERAL lookups kept apart by OFFSET 0) that bun cannot express, pipelined
+// with BEGIN and COMMIT on one connection (withPgx) so a request costs two
+// round trips, and sent with bind parameters so one cached prepared
+// statement and its generic plan serve every call. bun formats values into
+// the text instead, so each distinct query is prepared anew (a round trip
+// more) and takes a slot in pgx's statement cache: fine for a listing, not
+// for a per-request read, which is why VerifyCredential, LookupKey and
+// SignedBy keep bind parameters too.
+//
 // # Errors
 //
 // Every failure is an *Error whose message is fixed text: never SQL, driver

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/uptrace/bun"
 )
 
 // EndpointState is whether an endpoint receives deliveries.
@@ -135,11 +137,6 @@ func newID(prefix string) (string, error) {
 	return prefix + hex.EncodeToString(b), nil
 }
 
-const insertEndpointSQL = `
-INSERT INTO endpoints (tenant_id, endpoint_id, project_id, topic, url, secret_ref, state, disabled_reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
-
 // The fan-out guard (contract §8.12): a (tenant, project, topic) has at most
 // MaxTopicEndpoints active endpoints. Adding an active endpoint and enabling
 // one each run in a transaction that takes a transaction-scoped advisory lock
@@ -158,26 +155,25 @@ ON CONFLICT (tenant_id, endpoint_id) DO NOTHING`
 const (
 	topicLockClass = 0x45570001 // "EW" 0001: the fan-out guard's advisory lock class
 
+	// lockTopicSQL stays SQL: an advisory lock is a function call, not a
+	// query over a model.
 	lockTopicSQL = `SELECT pg_advisory_xact_lock($1, hashtext($2 || '/' || $3 || '/' || $4))`
-
-	// countActiveSQL counts the active endpoints of a topic but one ($4), up
-	// to $5: the guard asks only whether the bound is reached.
-	countActiveSQL = `
-SELECT count(*) FROM (
-    SELECT FROM endpoints
-    WHERE tenant_id = $1 AND project_id = $2 AND topic = $3 AND state = 'active' AND endpoint_id <> $4
-    LIMIT $5) a`
 )
 
 // guardTopic takes the topic's lock and refuses with ErrTopicFull when the
 // topic has MaxTopicEndpoints active endpoints besides id. Identities and
 // topic are validated (no '/'), so the lock key's text is unambiguous.
-func guardTopic(ctx context.Context, tx *sql.Tx, op, tenant, project, topic, id string) error {
+func guardTopic(ctx context.Context, db *bun.DB, tx *sql.Tx, op, tenant, project, topic, id string) error {
 	if _, err := tx.ExecContext(ctx, lockTopicSQL, topicLockClass, tenant, project, topic); err != nil {
 		return err
 	}
+	// Counts the other active endpoints only up to the bound: the guard asks
+	// only whether it is reached.
+	others := db.NewSelect().Model((*endpointModel)(nil)).ColumnExpr("1").
+		Where("tenant_id = ?", tenant).Where("project_id = ?", project).Where("topic = ?", topic).
+		Where("state = ?", string(EndpointActive)).Where("endpoint_id <> ?", id).Limit(MaxTopicEndpoints)
 	var n int
-	if err := tx.QueryRowContext(ctx, countActiveSQL, tenant, project, topic, id, MaxTopicEndpoints).Scan(&n); err != nil {
+	if err := db.NewSelect().Conn(tx).TableExpr("(?) AS a", others).ColumnExpr("count(*)").Scan(ctx, &n); err != nil {
 		return err
 	}
 	if n >= MaxTopicEndpoints {
@@ -222,12 +218,17 @@ func (s *Outbox) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 	}
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if e.State == EndpointActive {
-			if err := guardTopic(ctx, tx, op, e.TenantID, e.ProjectID, e.Topic, id); err != nil {
+			if err := guardTopic(ctx, s.db, tx, op, e.TenantID, e.ProjectID, e.Topic, id); err != nil {
 				return err
 			}
 		}
-		res, err := tx.ExecContext(ctx, insertEndpointSQL, e.TenantID, id, e.ProjectID, e.Topic, e.URL,
-			e.SecretRef, string(e.State), e.DisabledReason)
+		// A taken id inserts nothing (ErrConflict below), not a unique
+		// violation; created_at is the table's default.
+		res, err := s.db.NewInsert().Conn(tx).Model(&endpointModel{TenantID: e.TenantID, EndpointID: id,
+			ProjectID: e.ProjectID, Topic: e.Topic, URL: e.URL, SecretRef: e.SecretRef, State: string(e.State),
+			DisabledReason: e.DisabledReason}).
+			Column("tenant_id", "endpoint_id", "project_id", "topic", "url", "secret_ref", "state", "disabled_reason").
+			On("CONFLICT (tenant_id, endpoint_id) DO NOTHING").Exec(ctx)
 		if err != nil {
 			return err
 		}
@@ -243,10 +244,6 @@ func (s *Outbox) AddEndpoint(ctx context.Context, e Endpoint) (string, error) {
 	}
 	return id, nil
 }
-
-const setEndpointStateSQL = `
-UPDATE endpoints SET state = $3, disabled_reason = $4, updated_at = now()
-WHERE tenant_id = $1 AND endpoint_id = $2`
 
 // SetEndpointState enables or disables an endpoint. reason is a short code
 // kept while disabled (for example "http_410" or "operator"); enabling clears
@@ -264,32 +261,32 @@ func (s *Outbox) SetEndpointState(ctx context.Context, tenant, id string, state 
 		return newErr(op, ErrNotFound)
 	}
 	if state == EndpointDisabled {
-		return classify(ctx, op, setEndpointState(ctx, s.sqlDB(), op, tenant, id, state, reason))
+		return classify(ctx, op, setEndpointState(ctx, s.db.NewUpdate(), op, tenant, id, state, reason))
 	}
 	return classify(ctx, op, s.inTx(ctx, func(tx *sql.Tx) error {
 		// The topic of an endpoint never changes (no role may update it), so
 		// reading it before the lock is safe; its state is counted after.
-		var project, topic string
-		err := tx.QueryRowContext(ctx, endpointTopicSQL, tenant, id).Scan(&project, &topic)
+		var e endpointModel
+		err := s.db.NewSelect().Conn(tx).Model(&e).Column("project_id", "topic").
+			Where("tenant_id = ?", tenant).Where("endpoint_id = ?", id).Scan(ctx)
 		if errors.Is(err, sql.ErrNoRows) {
 			return newErr(op, ErrNotFound)
 		}
 		if err != nil {
 			return err
 		}
-		if err := guardTopic(ctx, tx, op, tenant, project, topic, id); err != nil {
+		if err := guardTopic(ctx, s.db, tx, op, tenant, e.ProjectID, e.Topic, id); err != nil {
 			return err
 		}
-		return setEndpointState(ctx, tx, op, tenant, id, state, "")
+		return setEndpointState(ctx, s.db.NewUpdate().Conn(tx), op, tenant, id, state, "")
 	}))
 }
 
-const endpointTopicSQL = `SELECT project_id, topic FROM endpoints WHERE tenant_id = $1 AND endpoint_id = $2`
-
-func setEndpointState(ctx context.Context, db interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, op, tenant, id string, state EndpointState, reason string) error {
-	res, err := db.ExecContext(ctx, setEndpointStateSQL, tenant, id, string(state), reason)
+// setEndpointState runs q, an update on the pool or in a transaction.
+func setEndpointState(ctx context.Context, q *bun.UpdateQuery, op, tenant, id string, state EndpointState, reason string) error {
+	res, err := q.Model((*endpointModel)(nil)).
+		Set("state = ?", string(state)).Set("disabled_reason = ?", reason).Set("updated_at = now()").
+		Where("tenant_id = ?", tenant).Where("endpoint_id = ?", id).Exec(ctx)
 	if err != nil {
 		return err
 	}
@@ -301,10 +298,6 @@ func setEndpointState(ctx context.Context, db interface {
 	return nil
 }
 
-const getEndpointSQL = `
-SELECT project_id, topic, url, secret_ref, state, disabled_reason, created_at
-FROM endpoints WHERE tenant_id = $1 AND endpoint_id = $2`
-
 // GetEndpoint returns one endpoint of tenant; ErrNotFound otherwise.
 func (s *Outbox) GetEndpoint(ctx context.Context, tenant, id string) (Endpoint, error) {
 	const op = "get endpoint"
@@ -314,16 +307,13 @@ func (s *Outbox) GetEndpoint(ctx context.Context, tenant, id string) (Endpoint, 
 	if !endpointIDRE.MatchString(id) {
 		return Endpoint{}, newErr(op, ErrNotFound)
 	}
-	e := Endpoint{TenantID: tenant, ID: id}
-	var state string
-	err := s.sqlDB().QueryRowContext(ctx, getEndpointSQL, tenant, id).Scan(&e.ProjectID, &e.Topic, &e.URL,
-		&e.SecretRef, &state, &e.DisabledReason, &e.CreatedAt)
+	var m endpointModel
+	err := s.db.NewSelect().Model(&m).Where("tenant_id = ?", tenant).Where("endpoint_id = ?", id).Scan(ctx)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Endpoint{}, newErr(op, ErrNotFound)
 	}
 	if err != nil {
 		return Endpoint{}, classify(ctx, op, err)
 	}
-	e.State = EndpointState(state)
-	return e, nil
+	return m.endpoint(), nil
 }

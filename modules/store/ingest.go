@@ -91,14 +91,14 @@ type BatchItem struct {
 // because it always returns with the row locked, even when another
 // transaction created it concurrently.
 const lockStreamSQL = `
-INSERT INTO streams (tenant_id, project_id, producer_id) VALUES ($1, $2, $3)
+INSERT INTO streams (tenant_id, project_id, producer_id) VALUES (@tenant, @project, @producer)
 ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.cursor`
 
 // lockStreamsSQL locks several streams in one fixed order, so concurrent
 // batches never wait on each other in a cycle. Rows must be distinct.
 const lockStreamsSQL = `
 INSERT INTO streams (tenant_id, project_id, producer_id)
-SELECT t, p, d FROM unnest($1::text[], $2::text[], $3::text[]) AS s(t, p, d)
+SELECT t, p, d FROM unnest(@tenants::text[], @projects::text[], @producers::text[]) AS s(t, p, d)
 ORDER BY t COLLATE "C", p COLLATE "C", d COLLATE "C"
 ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.cursor`
 
@@ -112,70 +112,70 @@ ON CONFLICT (tenant_id, project_id, producer_id) DO UPDATE SET cursor = streams.
 // its identity, payload and audit row; the cursor moves only when the
 // envelope takes the slot right after it, and then runs through every
 // retained sequence that is now contiguous (sequence - row_number() stays
-// equal to $7 exactly along the run). Any other verdict writes the audit row
-// alone. Data-modifying CTEs always run to completion, referenced or not.
-//
-//	$1 tenant  $2 project  $3 producer  $4 event identity  $5 idempotency digest
-//	$6 content digest  $7 sequence  $8 key id  $9 issued_at  $10 canonical envelope
-//	$11 payload expires_at  $12 max ahead  $13 account  $14 device
-//	$15 event identity (hex, for audit)  $16 correlation id
-//	$17 public key the caller verified with, or NULL (see IngestInput.VerifiedWith)
+// equal to @sequence exactly along the run). Any other verdict writes the
+// audit row alone. Data-modifying CTEs always run to completion, referenced
+// or not. @envelope is the canonical envelope, @event_hex the identity as
+// the audit row shows it, @verified_with the public key the caller verified
+// with, or NULL (see IngestInput.VerifiedWith).
 const decideSQL = `
 WITH st AS (
     SELECT cursor, replay_floor FROM streams
-    WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
+    WHERE tenant_id = @tenant AND project_id = @project AND producer_id = @producer
 ), ev AS (
-    SELECT content_digest FROM event_identities WHERE tenant_id = $1 AND event_identity = $4::bytea
+    SELECT content_digest FROM event_identities WHERE tenant_id = @tenant AND event_identity = @event::bytea
 ), idem AS (
-    SELECT content_digest FROM event_identities WHERE tenant_id = $1 AND idempotency_digest = $5::bytea
+    SELECT content_digest FROM event_identities WHERE tenant_id = @tenant AND idempotency_digest = @idempotency_digest::bytea
 ), verdict AS (
     SELECT st.cursor, st.replay_floor, CASE
-        WHEN $17::bytea IS NOT NULL AND NOT EXISTS (
+        WHEN @verified_with::bytea IS NOT NULL AND NOT EXISTS (
                 SELECT FROM producer_keys
-                WHERE tenant_id = $1 AND key_id = $8 AND state = 'active' AND public_key = $17::bytea)
+                WHERE tenant_id = @tenant AND key_id = @key_id AND state = 'active' AND public_key = @verified_with::bytea)
             THEN 'stale'
         WHEN EXISTS (SELECT FROM ev) THEN
-            CASE WHEN (SELECT content_digest FROM ev) = $6::bytea THEN 'duplicate' ELSE 'event_conflict' END
+            CASE WHEN (SELECT content_digest FROM ev) = @content_digest::bytea THEN 'duplicate' ELSE 'event_conflict' END
         WHEN EXISTS (SELECT FROM idem) THEN
-            CASE WHEN (SELECT content_digest FROM idem) = $6::bytea THEN 'duplicate' ELSE 'idempotency_conflict' END
-        WHEN $7::bigint <= st.replay_floor THEN 'below_replay_floor'
+            CASE WHEN (SELECT content_digest FROM idem) = @content_digest::bytea THEN 'duplicate' ELSE 'idempotency_conflict' END
+        WHEN @sequence::bigint <= st.replay_floor THEN 'below_replay_floor'
         WHEN EXISTS (SELECT FROM event_identities
-                     WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3 AND sequence = $7::bigint)
+                     WHERE tenant_id = @tenant AND project_id = @project AND producer_id = @producer
+                       AND sequence = @sequence::bigint)
             THEN 'sequence_conflict'
-        WHEN $7::bigint > st.cursor + $12::bigint THEN 'sequence_too_far_ahead'
+        WHEN @sequence::bigint > st.cursor + @max_ahead::bigint THEN 'sequence_too_far_ahead'
         ELSE 'accepted'
     END AS v
     FROM st
 ), advance AS (
-    SELECT $7::bigint + (
+    SELECT @sequence::bigint + (
         SELECT count(*) FROM (
             SELECT sequence - row_number() OVER (ORDER BY sequence) AS k
             FROM event_identities
-            WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3 AND sequence > $7::bigint
-        ) run WHERE run.k = $7::bigint
+            WHERE tenant_id = @tenant AND project_id = @project AND producer_id = @producer
+              AND sequence > @sequence::bigint
+        ) run WHERE run.k = @sequence::bigint
     ) AS cursor
     FROM verdict
-    WHERE v = 'accepted' AND $7::bigint = greatest(verdict.cursor, verdict.replay_floor) + 1
+    WHERE v = 'accepted' AND @sequence::bigint = greatest(verdict.cursor, verdict.replay_floor) + 1
 ), identity AS (
     INSERT INTO event_identities (tenant_id, event_identity, project_id, producer_id, sequence,
                                   idempotency_digest, content_digest, key_id, issued_at)
-    SELECT $1, $4::bytea, $2, $3, $7::bigint, $5::bytea, $6::bytea, $8, $9::timestamptz
+    SELECT @tenant, @event::bytea, @project, @producer, @sequence::bigint, @idempotency_digest::bytea,
+           @content_digest::bytea, @key_id, @issued_at::timestamptz
     FROM verdict WHERE v = 'accepted'
 ), payload AS (
     INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
-    SELECT $1, $4::bytea, $10::bytea, $11::timestamptz
+    SELECT @tenant, @event::bytea, @envelope::bytea, @expires_at::timestamptz
     FROM verdict WHERE v = 'accepted'
 ), moved AS (
     UPDATE streams SET cursor = advance.cursor, updated_at = now()
     FROM advance
-    WHERE tenant_id = $1 AND project_id = $2 AND producer_id = $3
+    WHERE tenant_id = @tenant AND project_id = @project AND producer_id = @producer
 ), audit AS (
     INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
                               outcome, reason, correlation_id)
-    SELECT $1, $2, $13, $14, $15,
+    SELECT @tenant, @project, @account, @device, @event_hex,
            CASE WHEN v IN ('accepted', 'duplicate') THEN v ELSE 'refused' END,
            CASE WHEN v IN ('accepted', 'duplicate') THEN '' ELSE v END,
-           $16
+           @correlation_id
     FROM verdict WHERE v <> 'stale'
 )
 SELECT v, coalesce((SELECT cursor FROM advance), verdict.cursor) FROM verdict`
@@ -183,7 +183,7 @@ SELECT v, coalesce((SELECT cursor FROM advance), verdict.cursor) FROM verdict`
 const insertAuditSQL = `
 INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
                           outcome, reason, correlation_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+VALUES (@tenant, @project, @account, @device, @event_hex, @outcome, @reason, @correlation_id)`
 
 // prepared is a validated item ready to queue.
 type prepared struct {
@@ -234,9 +234,11 @@ func (p prepared) queue(b *pgx.Batch) {
 	if maxAhead <= 0 {
 		maxAhead = DefaultMaxAhead
 	}
-	b.Queue(decideSQL, a.TenantID, in.ProjectID, in.ProducerID, p.ev, in.IdempotencyDigest[:],
-		in.ContentDigest[:], in.Sequence, in.KeyID, in.IssuedAt, in.Canonical, in.ExpiresAt,
-		maxAhead, a.AccountID, a.DeviceID, in.EventIdentity, a.CorrelationID, in.VerifiedWith)
+	b.Queue(decideStmt.text, decideStmt.bind(pgx.StrictNamedArgs{"tenant": a.TenantID, "project": in.ProjectID, "producer": in.ProducerID,
+		"event": p.ev, "idempotency_digest": in.IdempotencyDigest[:], "content_digest": in.ContentDigest[:],
+		"sequence": in.Sequence, "key_id": in.KeyID, "issued_at": in.IssuedAt, "envelope": in.Canonical,
+		"expires_at": in.ExpiresAt, "max_ahead": maxAhead, "account": a.AccountID, "device": a.DeviceID,
+		"event_hex": in.EventIdentity, "correlation_id": a.CorrelationID, "verified_with": in.VerifiedWith}))
 }
 
 // read collects decideSQL's answer from the pipeline.
@@ -279,8 +281,10 @@ func (s *Inbound) Audit(ctx context.Context, a Actor, e AuditEntry) error {
 	if !ok {
 		return newErr(op, ErrInvalid)
 	}
-	_, err := s.sqlDB().ExecContext(ctx, insertAuditSQL, a.TenantID, e.ProjectID, a.AccountID, a.DeviceID,
-		e.EventIdentity, e.Outcome, e.Reason, p.actor.CorrelationID)
+	_, err := s.sqlDB().ExecContext(ctx, insertAuditStmt.text, insertAuditStmt.bind(pgx.StrictNamedArgs{
+		"tenant":  a.TenantID,
+		"project": e.ProjectID, "account": a.AccountID, "device": a.DeviceID, "event_hex": e.EventIdentity,
+		"outcome": e.Outcome, "reason": e.Reason, "correlation_id": p.actor.CorrelationID}))
 	return classify(ctx, op, err)
 }
 
@@ -372,7 +376,8 @@ func runSingle(ctx context.Context, c *pgx.Conn, p prepared, committing func()) 
 	}()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockStreamSQL, p.actor.TenantID, p.in.ProjectID, p.in.ProducerID)
+	b.Queue(lockStreamStmt.text, lockStreamStmt.bind(pgx.StrictNamedArgs{"tenant": p.actor.TenantID,
+		"project": p.in.ProjectID, "producer": p.in.ProducerID}))
 	p.queue(b)
 	br := c.SendBatch(ctx, b)
 	var r Result

@@ -25,14 +25,13 @@ import (
 // sequences it retains above its cursor (the ones a filled gap runs into).
 // At most the max-ahead bound of them exist: nothing above cursor+max_ahead
 // is ever accepted, and the cursor never goes down.
-//
-//	$1 tenants  $2 projects  $3 producers (one entry per locked stream)
+// The arrays have one entry per locked stream.
 const streamStateSQL = `
 SELECT s.i, st.cursor, st.replay_floor,
        coalesce((SELECT array_agg(e.sequence ORDER BY e.sequence) FROM event_identities e
                  WHERE e.tenant_id = s.t AND e.project_id = s.p AND e.producer_id = s.d
                    AND e.sequence > st.settled), '{}')
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, d, i)
+FROM unnest(@tenants::text[], @projects::text[], @producers::text[]) WITH ORDINALITY AS s(t, p, d, i)
 CROSS JOIN LATERAL (
     SELECT cursor, replay_floor, greatest(cursor, replay_floor) AS settled FROM streams
     WHERE tenant_id = s.t AND project_id = s.p AND producer_id = s.d
@@ -57,9 +56,7 @@ CROSS JOIN LATERAL (
 // plan (genericPlansSQL) a connection made while the tables were empty hashed
 // a scan of every identity and stream into each batch until the next ANALYZE
 // (TestHotStatementPlansUseTheirKeys).
-//
-//	$1 tenants  $2 event identities  $3 idempotency digests  $4 key ids
-//	$5 verified-with keys (one entry per envelope)
+// The arrays have one entry per envelope.
 const lookupSQL = `
 SELECT i, ev, idem, stale FROM (
     SELECT u.i,
@@ -68,7 +65,8 @@ SELECT i, ev, idem, stale FROM (
            u.vk IS NOT NULL AND NOT coalesce((
                SELECT state = 'active' AND public_key = u.vk FROM producer_keys
                WHERE tenant_id = u.t AND key_id = u.kid), false) AS stale
-    FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[], $5::bytea[]) WITH ORDINALITY AS u(t, e, k, kid, vk, i)
+    FROM unnest(@tenants::text[], @events::bytea[], @idempotency_digests::bytea[], @key_ids::text[],
+                @verified_with::bytea[]) WITH ORDINALITY AS u(t, e, k, kid, vk, i)
     OFFSET 0
 ) x
 WHERE stale OR ev IS NOT NULL OR idem IS NOT NULL`
@@ -77,32 +75,29 @@ WHERE stale OR ev IS NOT NULL OR idem IS NOT NULL`
 // stream's new cursor, and one audit row per item in item order (audit ids
 // follow insertion order). The payloads' foreign keys are checked at the end
 // of the statement, when the identities inserted beside them are visible.
-//
-//	identities: $1 tenant  $2 event identity  $3 project  $4 producer  $5 sequence
-//	            $6 idempotency digest  $7 content digest  $8 key id  $9 issued_at
-//	payloads:   $10 envelope  $11 expires_at (same order as the identities)
-//	cursors:    $12 tenant  $13 project  $14 producer  $15 cursor
-//	audit:      $16 tenant  $17 project  $18 account  $19 device  $20 event identity (hex)
-//	            $21 outcome  $22 reason  $23 correlation id
+// The payloads (@envelopes, @expires_at) are in the identities' order.
 const writeSQL = `
 WITH identity AS (
     INSERT INTO event_identities (tenant_id, event_identity, project_id, producer_id, sequence,
                                   idempotency_digest, content_digest, key_id, issued_at)
-    SELECT * FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
-                         $6::bytea[], $7::bytea[], $8::text[], $9::timestamptz[])
+    SELECT * FROM unnest(@id_tenants::text[], @id_events::bytea[], @id_projects::text[], @id_producers::text[],
+                         @id_sequences::bigint[], @id_idempotency_digests::bytea[], @id_content_digests::bytea[],
+                         @id_key_ids::text[], @id_issued_at::timestamptz[])
 ), payload AS (
     INSERT INTO inbound_payloads (tenant_id, event_identity, envelope, expires_at)
-    SELECT * FROM unnest($1::text[], $2::bytea[], $10::bytea[], $11::timestamptz[])
+    SELECT * FROM unnest(@id_tenants::text[], @id_events::bytea[], @envelopes::bytea[], @expires_at::timestamptz[])
 ), moved AS (
     UPDATE streams st SET cursor = m.c, updated_at = now()
-    FROM unnest($12::text[], $13::text[], $14::text[], $15::bigint[]) AS m(t, p, d, c)
+    FROM unnest(@cursor_tenants::text[], @cursor_projects::text[], @cursor_producers::text[], @cursors::bigint[])
+         AS m(t, p, d, c)
     WHERE st.tenant_id = m.t AND st.project_id = m.p AND st.producer_id = m.d
 )
 INSERT INTO audit_events (tenant_id, project_id, account_id, device_id, event_identity,
                           outcome, reason, correlation_id)
 SELECT t, p, a, d, e, o, r, c
-FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[],
-            $21::text[], $22::text[], $23::text[]) WITH ORDINALITY AS u(t, p, a, d, e, o, r, c, i)
+FROM unnest(@audit_tenants::text[], @audit_projects::text[], @audit_accounts::text[], @audit_devices::text[],
+            @audit_events::text[], @audit_outcomes::text[], @audit_reasons::text[], @audit_correlation_ids::text[])
+     WITH ORDINALITY AS u(t, p, a, d, e, o, r, c, i)
 ORDER BY i`
 
 type streamKey struct{ tenant, project, producer string }
@@ -158,8 +153,9 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 	for i, k := range b.streams {
 		ts[i], ps[i], ds[i] = k.tenant, k.project, k.producer
 	}
-	q.Queue(lockStreamsSQL, ts, ps, ds)
-	q.Queue(streamStateSQL, ts, ps, ds)
+	streams := pgx.StrictNamedArgs{"tenants": ts, "projects": ps, "producers": ds}
+	q.Queue(lockStreamsStmt.text, lockStreamsStmt.bind(streams))
+	q.Queue(streamStateStmt.text, streamStateStmt.bind(streams))
 
 	n := 0
 	for _, p := range b.ps {
@@ -176,7 +172,8 @@ func (b *setBatch) queueReads(q *pgx.Batch) {
 		tenants, evs, idems = append(tenants, p.actor.TenantID), append(evs, p.ev), append(idems, p.in.IdempotencyDigest[:])
 		keyIDs, verified = append(keyIDs, p.in.KeyID), append(verified, p.in.VerifiedWith) // nil is NULL
 	}
-	q.Queue(lookupSQL, tenants, evs, idems, keyIDs, verified)
+	q.Queue(lookupStmt.text, lookupStmt.bind(pgx.StrictNamedArgs{"tenants": tenants, "events": evs,
+		"idempotency_digests": idems, "key_ids": keyIDs, "verified_with": verified}))
 }
 
 // readState collects the reads queued by queueReads.
@@ -242,7 +239,7 @@ func (b *setBatch) readState(br pgx.BatchResults) (map[streamKey]*streamState, [
 // ones before it, and returns the results with the write statement's
 // arguments. It mirrors decideSQL's verdict (contract §2 step 5, a–e) and its
 // cursor advance.
-func (b *setBatch) decide(states map[streamKey]*streamState, fs []found) ([]Result, []any) {
+func (b *setBatch) decide(states map[streamKey]*streamState, fs []found) ([]Result, pgx.StrictNamedArgs) {
 	// What earlier items of this batch accepted, by event identity and by
 	// idempotency digest, with its content digest.
 	acceptedEv := map[digestKey][32]byte{}
@@ -381,13 +378,18 @@ func (w *writeArgs) audit(a Actor, project, event, outcome, reason string) {
 // args are writeSQL's parameters. Empty slices, not nil: a nil slice would
 // be sent as NULL, and unnest(NULL) would still be fine, but an explicit
 // empty array keeps the plan's types obvious.
-func (w *writeArgs) args() []any {
-	return []any{
-		nonNil(w.idTenant), nonNil(w.idEvent), nonNil(w.idProject), nonNil(w.idProducer), nonNil(w.idSeq),
-		nonNil(w.idIdem), nonNil(w.idContent), nonNil(w.idKey), nonNil(w.idIssued),
-		nonNil(w.envelopes), nonNil(w.expires),
-		nonNil(w.curTenant), nonNil(w.curProject), nonNil(w.curProducer), nonNil(w.curCursor),
-		w.auTenant, w.auProject, w.auAccount, w.auDevice, w.auEvent, w.auOutcome, w.auReason, w.auCorrelation,
+func (w *writeArgs) args() pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{
+		"id_tenants": nonNil(w.idTenant), "id_events": nonNil(w.idEvent), "id_projects": nonNil(w.idProject),
+		"id_producers": nonNil(w.idProducer), "id_sequences": nonNil(w.idSeq),
+		"id_idempotency_digests": nonNil(w.idIdem), "id_content_digests": nonNil(w.idContent),
+		"id_key_ids": nonNil(w.idKey), "id_issued_at": nonNil(w.idIssued),
+		"envelopes": nonNil(w.envelopes), "expires_at": nonNil(w.expires),
+		"cursor_tenants": nonNil(w.curTenant), "cursor_projects": nonNil(w.curProject),
+		"cursor_producers": nonNil(w.curProducer), "cursors": nonNil(w.curCursor),
+		"audit_tenants": w.auTenant, "audit_projects": w.auProject, "audit_accounts": w.auAccount,
+		"audit_devices": w.auDevice, "audit_events": w.auEvent, "audit_outcomes": w.auOutcome,
+		"audit_reasons": w.auReason, "audit_correlation_ids": w.auCorrelation,
 	}
 }
 
@@ -439,7 +441,7 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 		return nil, err
 	}
 
-	if err := writeAndCommit(ctx, c, writeSQL, args, committing); err != nil {
+	if err := writeAndCommit(ctx, c, writeStmt, args, committing); err != nil {
 		return nil, err
 	}
 	return results, nil
@@ -448,9 +450,9 @@ func runSetBatch(ctx context.Context, c *pgx.Conn, b *setBatch, committing func(
 // writeAndCommit sends a set's one write statement and its COMMIT in one
 // pipeline (one round trip), calling committing, when set, once both are on
 // the wire. A COMMIT answered with ROLLBACK is errRolledBack.
-func writeAndCommit(ctx context.Context, c *pgx.Conn, write string, args []any, committing func()) error {
+func writeAndCommit(ctx context.Context, c *pgx.Conn, write *namedSQL, args pgx.StrictNamedArgs, committing func()) error {
 	q := &pgx.Batch{}
-	q.Queue(write, args...)
+	q.Queue(write.text, write.bind(args))
 	q.Queue("COMMIT")
 	br := c.SendBatch(ctx, q)
 	if committing != nil {

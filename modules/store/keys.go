@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/envelope"
+	"github.com/uptrace/bun"
 )
 
 // KeyState is the lifecycle of a producer key (contract §2, key state).
@@ -29,10 +30,6 @@ type Key struct {
 	RevokedAt       *time.Time
 }
 
-const insertKeySQL = `
-INSERT INTO producer_keys (tenant_id, key_id, public_key) VALUES ($1, $2, $3)
-ON CONFLICT (tenant_id, key_id) DO NOTHING`
-
 // AddKey registers an active key. A key that is not 32 bytes, not a canonical
 // point encoding or of small order is ErrInvalid; an existing key id in the
 // tenant (whatever its state) is ErrConflict.
@@ -44,7 +41,11 @@ func (s *Credentials) AddKey(ctx context.Context, tenant, keyID string, pub ed25
 	if err := envelope.ValidatePublicKey(pub); err != nil {
 		return newErr(op+": weak or malformed public key", ErrInvalid)
 	}
-	res, err := s.sqlDB().ExecContext(ctx, insertKeySQL, tenant, keyID, []byte(pub))
+	// The state and times are the table's defaults; a taken id inserts
+	// nothing rather than failing, so the answer is ErrConflict, not a
+	// unique violation.
+	res, err := s.db.NewInsert().Model(&keyModel{TenantID: tenant, KeyID: keyID, PublicKey: []byte(pub)}).
+		Column("tenant_id", "key_id", "public_key").On("CONFLICT (tenant_id, key_id) DO NOTHING").Exec(ctx)
 	if err != nil {
 		return classify(ctx, op, err)
 	}
@@ -58,6 +59,9 @@ func (s *Credentials) AddKey(ctx context.Context, tenant, keyID string, pub ed25
 	return nil
 }
 
+// lookupKeySQL stays hand-written with bind parameters: LookupKey is ingest
+// step 3 on a key-cache miss, and a bun query, formatted client-side, would
+// be a new prepared statement (an extra round trip) for every key.
 const lookupKeySQL = `
 SELECT public_key, state, created_at, retired_at, revoked_at
 FROM producer_keys WHERE tenant_id = $1 AND key_id = $2`
@@ -93,17 +97,6 @@ func (s *Credentials) LookupKey(ctx context.Context, tenant, keyID string) (Key,
 	return k, nil
 }
 
-// Retiring keeps the first retirement time (repeating is a no-op) and cannot
-// undo a revocation. The result row tells the three cases apart in one trip.
-const retireKeySQL = `
-WITH cur AS (
-    SELECT state FROM producer_keys WHERE tenant_id = $1 AND key_id = $2 FOR UPDATE
-), upd AS (
-    UPDATE producer_keys SET state = 'retired', retired_at = now()
-    WHERE tenant_id = $1 AND key_id = $2 AND state = 'active'
-)
-SELECT state FROM cur`
-
 // RetireKey moves an active key to retired: it keeps verifying envelopes
 // issued up to now. Retiring a retired key is a no-op; a revoked key is
 // ErrConflict (revocation is final); an unknown key is ErrNotFound.
@@ -112,8 +105,17 @@ func (s *Credentials) RetireKey(ctx context.Context, tenant, keyID string) error
 	if !validIdentity(tenant, keyID) {
 		return newErr(op, ErrInvalid)
 	}
+	// Retiring keeps the first retirement time (repeating is a no-op) and
+	// cannot undo a revocation. One statement: cur locks the row and reads
+	// the state before, upd changes it only when active, so the result row
+	// tells the three cases apart in one trip.
 	var before string
-	err := s.sqlDB().QueryRowContext(ctx, retireKeySQL, tenant, keyID).Scan(&before)
+	err := s.db.NewSelect().
+		With("cur", s.db.NewSelect().Model((*keyModel)(nil)).Column("state").
+			Where("tenant_id = ?", tenant).Where("key_id = ?", keyID).For("UPDATE")).
+		With("upd", s.db.NewUpdate().Model((*keyModel)(nil)).Set("state = ?", string(KeyRetired)).Set("retired_at = now()").
+			Where("tenant_id = ?", tenant).Where("key_id = ?", keyID).Where("state = ?", string(KeyActive))).
+		Table("cur").Column("state").Scan(ctx, &before)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return newErr(op, ErrNotFound)
@@ -125,10 +127,6 @@ func (s *Credentials) RetireKey(ctx context.Context, tenant, keyID string) error
 	return nil
 }
 
-const revokeKeySQL = `
-UPDATE producer_keys SET state = 'revoked', revoked_at = coalesce(revoked_at, now())
-WHERE tenant_id = $1 AND key_id = $2`
-
 // RevokeKey makes a key verify only exact duplicates of what it signed.
 // Revoking twice is a no-op; an unknown key is ErrNotFound.
 func (s *Credentials) RevokeKey(ctx context.Context, tenant, keyID string) error {
@@ -136,7 +134,9 @@ func (s *Credentials) RevokeKey(ctx context.Context, tenant, keyID string) error
 	if !validIdentity(tenant, keyID) {
 		return newErr(op, ErrInvalid)
 	}
-	res, err := s.sqlDB().ExecContext(ctx, revokeKeySQL, tenant, keyID)
+	res, err := s.db.NewUpdate().Model((*keyModel)(nil)).
+		Set("state = ?", string(KeyRevoked)).Set("revoked_at = coalesce(revoked_at, now())").
+		Where("tenant_id = ?", tenant).Where("key_id = ?", keyID).Exec(ctx)
 	if err != nil {
 		return classify(ctx, op, err)
 	}
@@ -150,18 +150,6 @@ func (s *Credentials) RevokeKey(ctx context.Context, tenant, keyID string) error
 	return nil
 }
 
-// A key may go once nothing it signed is inside the replay window: after that
-// every envelope it signed is refused as expired at step 4, before the key is
-// ever looked up. No new identity can appear for a retired key inside the
-// window (only envelopes issued before retirement verify) or a revoked one.
-const pruneKeysSQL = `
-DELETE FROM producer_keys k
-WHERE k.state IN ('retired', 'revoked')
-  AND NOT EXISTS (
-    SELECT FROM event_identities e
-    WHERE e.tenant_id = k.tenant_id AND e.key_id = k.key_id
-      AND e.issued_at >= now() - $1::bigint * interval '1 microsecond')`
-
 // PruneKeys deletes retired and revoked keys none of whose envelopes was
 // issued within replayWindow of now (a key that signed nothing goes at once).
 func (s *Credentials) PruneKeys(ctx context.Context, replayWindow time.Duration) (int, error) {
@@ -169,7 +157,18 @@ func (s *Credentials) PruneKeys(ctx context.Context, replayWindow time.Duration)
 	if replayWindow <= 0 {
 		return 0, newErr(op, ErrInvalid)
 	}
-	res, err := s.sqlDB().ExecContext(ctx, pruneKeysSQL, replayWindow.Microseconds())
+	// A key may go once nothing it signed is inside the replay window: after
+	// that every envelope it signed is refused as expired at step 4, before
+	// the key is ever looked up. No new identity can appear for a retired key
+	// inside the window (only envelopes issued before retirement verify) or a
+	// revoked one. event_identities is a hot table with no model: the
+	// subquery is its one read here.
+	res, err := s.db.NewDelete().Model((*keyModel)(nil)).ModelTableExpr("producer_keys AS k").
+		Where("k.state IN (?)", bun.In([]string{string(KeyRetired), string(KeyRevoked)})).
+		Where(`NOT EXISTS (SELECT FROM event_identities e
+    WHERE e.tenant_id = k.tenant_id AND e.key_id = k.key_id
+      AND e.issued_at >= now() - ?::bigint * interval '1 microsecond')`, replayWindow.Microseconds()).
+		Exec(ctx)
 	if err != nil {
 		return 0, classify(ctx, op, err)
 	}
@@ -182,7 +181,9 @@ func (s *Credentials) PruneKeys(ctx context.Context, replayWindow time.Duration)
 
 // signedBySQL looks the identity up by its key alone and compares the rest:
 // with key_id among the conditions, event_identities_key_idx would tie with
-// the primary key on a table not yet analyzed (migrations/0006).
+// the primary key on a table not yet analyzed (migrations/0006). It stays
+// hand-written SQL with bind parameters: it runs at ingest step 3 for every
+// envelope of a revoked key, on the hot table, and its plan is checked.
 const signedBySQL = `
 SELECT coalesce((
     SELECT content_digest = $3 AND key_id = $4 FROM event_identities

@@ -40,6 +40,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Outbox bounds.
@@ -197,7 +199,7 @@ const outboxMessageSQL = `SELECT ` + messageStatusColumns + `,
     NOT EXISTS (SELECT FROM outbound_bodies b WHERE b.tenant_id = m.tenant_id AND b.event_identity = m.event_identity)
     AND NOT EXISTS (SELECT FROM outbound_unmoved_bodies u
                     WHERE u.tenant_id = m.tenant_id AND u.event_identity = m.event_identity)
-FROM outbox_messages m WHERE m.tenant_id = $1 AND m.message_id = $2`
+FROM outbox_messages m WHERE m.tenant_id = @tenant AND m.message_id = @message_id`
 
 // OutboxMessage returns one message of tenant. Unknown ids, malformed ids and
 // other tenants' ids are all ErrNotFound.
@@ -210,7 +212,8 @@ func (s *Outbox) OutboxMessage(ctx context.Context, tenant, id string) (MessageS
 		return MessageStatus{}, newErr(op, ErrNotFound)
 	}
 	var expired bool
-	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageSQL, tenant, id), &expired)
+	m, err := scanStatus(s.sqlDB().QueryRowContext(ctx, outboxMessageStmt.text,
+		outboxMessageStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_id": id})), &expired)
 	m.PayloadExpired = expired
 	if errors.Is(err, sql.ErrNoRows) {
 		return MessageStatus{}, newErr(op, ErrNotFound)

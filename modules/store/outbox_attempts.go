@@ -13,9 +13,10 @@ package store
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"slices"
 	"time"
+
+	"github.com/uptrace/bun"
 )
 
 // AttemptResult is what an attempt left the message in. A settle records
@@ -47,23 +48,37 @@ type Attempt struct {
 	Result     AttemptResult
 }
 
-// outboxAttemptsSQL reads the message (so an unknown id is told from one
-// never attempted) and its latest attempts, newest first, in one statement:
-// both by primary key, the history backwards from its end. A message
-// without attempts is one row of NULLs.
-//
-//	$1 tenant  $2 message  $3 limit
-const outboxAttemptsSQL = `
-SELECT a.attempt, a.started_at, a.duration_ms, a.http_status, a.error_code, a.result
-FROM outbox_messages m
-LEFT JOIN LATERAL (
-    SELECT a.attempt, a.started_at, a.duration_ms, a.http_status, a.error_code, a.result
-    FROM outbox_attempts a
-    WHERE a.tenant_id = $1 AND a.message_id = $2
-    ORDER BY a.attempt DESC
-    LIMIT $3
-) a ON true
-WHERE m.tenant_id = $1 AND m.message_id = $2`
+// attemptModel is a row of the attempt history. A column the LEFT JOIN of
+// outboxAttemptsQuery leaves NULL (a message never attempted) scans as the
+// zero value: attempt numbers start at 1, so Attempt 0 is "none".
+type attemptModel struct {
+	bun.BaseModel `bun:"table:outbox_attempts"`
+
+	TenantID   string    `bun:"tenant_id"`
+	MessageID  string    `bun:"message_id"`
+	Attempt    int       `bun:"attempt"`
+	StartedAt  time.Time `bun:"started_at"`
+	DurationMS int64     `bun:"duration_ms"`
+	HTTPStatus int       `bun:"http_status"` // NULL: no answer
+	ErrorCode  string    `bun:"error_code"`  // NULL: none
+	Result     string    `bun:"result"`
+}
+
+// outboxAttemptsQuery reads the message (so an unknown id is told from one
+// never attempted) and its latest limit attempts, newest first, in one
+// statement: both by primary key, the history backwards from its end. A
+// message without attempts is one row of NULLs. The lateral join is SQL
+// bun has no builder for; the arguments are any so that the plan tests can
+// render it with parameters.
+func outboxAttemptsQuery(db *bun.DB, tenant, id any, limit int) *bun.SelectQuery {
+	latest := db.NewSelect().Model((*attemptModel)(nil)).
+		Column("attempt", "started_at", "duration_ms", "http_status", "error_code", "result").
+		Where("tenant_id = ?", tenant).Where("message_id = ?", id).
+		OrderExpr("attempt DESC").Limit(limit)
+	return db.NewSelect().Model((*outboxMessageModel)(nil)).ModelTableExpr("outbox_messages AS m").
+		Join("LEFT JOIN LATERAL (?) AS a ON true", latest).ColumnExpr("a.*").
+		Where("m.tenant_id = ?", tenant).Where("m.message_id = ?", id)
+}
 
 // OutboxAttempts returns the latest MaxAttemptHistory recorded attempts of
 // one message of tenant, oldest first (empty, not nil, when none is).
@@ -77,39 +92,21 @@ func (s *Outbox) OutboxAttempts(ctx context.Context, tenant, id string) ([]Attem
 	if !messageIDRE.MatchString(id) {
 		return nil, newErr(op, ErrNotFound)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, outboxAttemptsSQL, tenant, id, MaxAttemptHistory)
-	if err != nil {
+	var rows []attemptModel
+	if err := outboxAttemptsQuery(s.db, tenant, id, MaxAttemptHistory).Scan(ctx, &rows); err != nil {
 		return nil, classify(ctx, op, err)
 	}
-	defer rows.Close()
-	found := false
+	if len(rows) == 0 {
+		return nil, newErr(op, ErrNotFound)
+	}
 	out := []Attempt{}
-	for rows.Next() {
-		found = true
-		var (
-			n       sql.NullInt64
-			started sql.NullTime
-			ms      sql.NullInt64
-			status  sql.NullInt64
-			code    sql.NullString
-			result  sql.NullString
-		)
-		if err := rows.Scan(&n, &started, &ms, &status, &code, &result); err != nil {
-			return nil, classify(ctx, op, err)
-		}
-		if !n.Valid {
+	for _, r := range rows {
+		if r.Attempt == 0 {
 			continue // the message, never attempted
 		}
-		out = append(out, Attempt{
-			Attempt: int(n.Int64), StartedAt: started.Time, Duration: time.Duration(ms.Int64) * time.Millisecond,
-			HTTPStatus: int(status.Int64), ErrorCode: code.String, Result: AttemptResult(result.String),
-		})
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(ctx, op, err)
-	}
-	if !found {
-		return nil, newErr(op, ErrNotFound)
+		out = append(out, Attempt{Attempt: r.Attempt, StartedAt: r.StartedAt,
+			Duration: time.Duration(r.DurationMS) * time.Millisecond, HTTPStatus: r.HTTPStatus,
+			ErrorCode: r.ErrorCode, Result: AttemptResult(r.Result)})
 	}
 	// Read newest first so the LIMIT keeps the latest; answered oldest first.
 	slices.SortFunc(out, func(a, b Attempt) int { return cmp.Compare(a.Attempt, b.Attempt) })

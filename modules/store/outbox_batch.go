@@ -30,11 +30,9 @@ const MaxEnqueueBatch = 100
 // was granted. A stream with no row yet gets no lock: its first sequences are
 // raced for by the write, where the sequence's unique index refuses the loser
 // (23505), whose rerun then finds the row.
-//
-//	$1 tenants  $2 projects  $3 producers
 const lockOutboundStreamsSQL = `
 SELECT s.i, o.last_sequence
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, d, i)
+FROM unnest(@tenants::text[], @projects::text[], @producers::text[]) WITH ORDINALITY AS s(t, p, d, i)
 CROSS JOIN LATERAL (
     SELECT last_sequence FROM outbound_streams
     WHERE tenant_id = s.t AND project_id = s.p AND producer_id = s.d
@@ -49,8 +47,6 @@ CROSS JOIN LATERAL (
 // The bytes are read new-then-old (migration 0008: outbound_bodies, then the
 // old column of a body not moved yet); NULL when the retention-janitor
 // deleted them (§8.9).
-//
-//	$1 tenants  $2 projects  $3 idempotency digests
 const outboundByKeySQL = `
 SELECT u.i, e.event_identity, e.request_digest,
        coalesce((SELECT b.envelope FROM outbound_bodies b
@@ -58,7 +54,7 @@ SELECT u.i, e.event_identity, e.request_digest,
        ARRAY(SELECT m.message_id FROM outbox_messages m
              WHERE m.tenant_id = u.t AND m.event_identity = e.event_identity
              ORDER BY m.endpoint_id, m.message_id)
-FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS u(t, p, k, i)
+FROM unnest(@tenants::text[], @projects::text[], @idempotency_digests::bytea[]) WITH ORDINALITY AS u(t, p, k, i)
 CROSS JOIN LATERAL (
     SELECT event_identity, request_digest, envelope FROM outbound_envelopes
     WHERE tenant_id = u.t AND project_id = u.p AND idempotency_digest = u.k
@@ -66,7 +62,7 @@ CROSS JOIN LATERAL (
 ) e`
 
 // topicEndpointsSQL is the fan-out of each distinct (tenant, project, topic):
-// at most $4 (MaxTopicEndpoints) active endpoints, the first by id. The
+// at most @max_endpoints (MaxTopicEndpoints) active endpoints, the first by id. The
 // endpoint guard keeps a topic within the bound, so the LIMIT cuts only rows
 // written past it (by hand, a restore, a concurrent add by an envctl older
 // than the guard); then the enqueue still writes at most the bound, and the
@@ -75,16 +71,14 @@ CROSS JOIN LATERAL (
 // whole topic over one surplus row. The sort runs over the topic's rows
 // (OFFSET 0 keeps it apart): ordered in the scan, an empty table's plan reads
 // the tenant's every endpoint through the primary key for its order.
-//
-//	$1 tenants  $2 projects  $3 topics  $4 bound
 const topicEndpointsSQL = `
 SELECT s.i, ARRAY(SELECT e.endpoint_id FROM (
                       SELECT endpoint_id FROM endpoints
                       WHERE tenant_id = s.t AND project_id = s.p AND topic = s.c AND state = 'active'
                       OFFSET 0) e
                   ORDER BY e.endpoint_id
-                  LIMIT $4)
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, c, i)`
+                  LIMIT @max_endpoints)
+FROM unnest(@tenants::text[], @projects::text[], @topics::text[]) WITH ORDINALITY AS s(t, p, c, i)`
 
 // writeOutboundSQL commits the new items: each stream's last sequence (a
 // stream's first enqueue inserts its row), each envelope's identity and its
@@ -92,32 +86,29 @@ FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS s(t, p, c, i)
 // and one pending message per endpoint. The bodies' and messages' foreign
 // keys are checked at the end of the statement, when the envelopes inserted
 // beside them are visible.
-//
-//	streams:   $1 tenant  $2 project  $3 producer  $4 last sequence
-//	envelopes: $5 tenant  $6 event identity  $7 project  $8 producer  $9 sequence
-//	           $10 topic  $11 idempotency digest  $12 request digest
-//	body:      $13 the signed envelope (same order as the envelopes)
-//	messages:  $14 tenant  $15 message id  $16 project  $17 topic  $18 endpoint
-//	           $19 event identity  $20 max attempts
+// The bodies (@bodies, the signed envelopes) are in the envelopes' order.
 const writeOutboundSQL = `
 WITH stream AS (
     INSERT INTO outbound_streams (tenant_id, project_id, producer_id, last_sequence)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+    SELECT * FROM unnest(@stream_tenants::text[], @stream_projects::text[], @stream_producers::text[],
+                         @last_sequences::bigint[])
     ON CONFLICT (tenant_id, project_id, producer_id)
     DO UPDATE SET last_sequence = EXCLUDED.last_sequence, updated_at = now()
 ), envelope AS (
     INSERT INTO outbound_envelopes (tenant_id, event_identity, project_id, producer_id, sequence, topic,
                                     idempotency_digest, request_digest)
-    SELECT * FROM unnest($5::text[], $6::bytea[], $7::text[], $8::text[], $9::bigint[], $10::text[],
-                         $11::bytea[], $12::bytea[])
+    SELECT * FROM unnest(@envelope_tenants::text[], @envelope_events::bytea[], @envelope_projects::text[],
+                         @envelope_producers::text[], @envelope_sequences::bigint[], @envelope_topics::text[],
+                         @envelope_idempotency_digests::bytea[], @envelope_request_digests::bytea[])
 ), body AS (
     INSERT INTO outbound_bodies (tenant_id, event_identity, envelope)
-    SELECT * FROM unnest($5::text[], $6::bytea[], $13::bytea[])
+    SELECT * FROM unnest(@envelope_tenants::text[], @envelope_events::bytea[], @bodies::bytea[])
 )
 INSERT INTO outbox_messages (tenant_id, message_id, project_id, topic, endpoint_id, event_identity,
                              max_attempts, budget, next_attempt_at)
 SELECT t, id, p, c, ep, ev, n, n, now()
-FROM unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::bytea[], $20::int[])
+FROM unnest(@message_tenants::text[], @message_ids::text[], @message_projects::text[], @message_topics::text[],
+            @message_endpoints::text[], @message_events::bytea[], @message_max_attempts::int[])
      AS m(t, id, p, c, ep, ev, n)`
 
 // EnqueueItem is one enqueue of a batch: the actor's tenant owns it.
@@ -237,14 +228,17 @@ func columns(keys []streamKey) (a, b, c []string) {
 
 func (b *enqueueSet) queueReads(q *pgx.Batch) {
 	ts, ps, ds := columns(b.streams)
-	q.Queue(lockOutboundStreamsSQL, ts, ps, ds)
+	q.Queue(lockOutboundStmt.text, lockOutboundStmt.bind(pgx.StrictNamedArgs{"tenants": ts, "projects": ps,
+		"producers": ds}))
 	tenants, projects, keys := make([]string, len(b.items)), make([]string, len(b.items)), make([][]byte, len(b.items))
 	for i, it := range b.items {
 		tenants[i], projects[i], keys[i] = it.Actor.TenantID, it.Request.ProjectID, it.Request.IdempotencyDigest[:]
 	}
-	q.Queue(outboundByKeySQL, tenants, projects, keys)
+	q.Queue(outboundByKeyStmt.text, outboundByKeyStmt.bind(pgx.StrictNamedArgs{"tenants": tenants, "projects": projects,
+		"idempotency_digests": keys}))
 	ts, ps, cs := columns(b.topics)
-	q.Queue(topicEndpointsSQL, ts, ps, cs, MaxTopicEndpoints)
+	q.Queue(topicEndpointsStmt.text, topicEndpointsStmt.bind(pgx.StrictNamedArgs{"tenants": ts, "projects": ps,
+		"topics": cs, "max_endpoints": MaxTopicEndpoints}))
 }
 
 // storedEnqueue is an envelope already stored under an item's key.
@@ -331,7 +325,7 @@ type idemKey struct {
 // succeeds, the builds run in parallel, and the real pass uses them. Should a
 // Build fail, the items after it in its stream take other sequences than
 // planned, and the real pass builds those again, in order.
-func (b *enqueueSet) decide(st enqueueState) ([]EnqueueAnswer, []any, error) {
+func (b *enqueueSet) decide(st enqueueState) ([]EnqueueAnswer, pgx.StrictNamedArgs, error) {
 	var plan []plannedBuild
 	if _, _, err := b.decideWith(st, func(i int, seq int64) ([]byte, string, error) {
 		plan = append(plan, plannedBuild{item: i, seq: seq})
@@ -384,7 +378,7 @@ type plannedBuild struct {
 
 // decideWith is decide's one pass in item order; build makes item i's
 // envelope for seq.
-func (b *enqueueSet) decideWith(st enqueueState, build func(i int, seq int64) ([]byte, string, error)) ([]EnqueueAnswer, []any, error) {
+func (b *enqueueSet) decideWith(st enqueueState, build func(i int, seq int64) ([]byte, string, error)) ([]EnqueueAnswer, pgx.StrictNamedArgs, error) {
 	const op = "enqueue"
 	answers := make([]EnqueueAnswer, len(b.items))
 	// What earlier items of this set created, by idempotency key.
@@ -490,12 +484,17 @@ func (w *outboundWrite) message(tenant, id string, r EnqueueRequest, endpoint st
 	w.msgEndpoint, w.msgEvent, w.msgMax = append(w.msgEndpoint, endpoint), append(w.msgEvent, ev), append(w.msgMax, int32(r.MaxAttempts))
 }
 
-func (w *outboundWrite) args() []any {
-	return []any{
-		w.stTenant, w.stProject, w.stProducer, w.stLast,
-		w.evTenant, w.evIdent, w.evProject, w.evProducer, w.evSeq, w.evTopic, w.evIdem, w.evRequest,
-		w.evBody,
-		w.msgTenant, w.msgID, w.msgProject, w.msgTopic, w.msgEndpoint, w.msgEvent, w.msgMax,
+func (w *outboundWrite) args() pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{
+		"stream_tenants": w.stTenant, "stream_projects": w.stProject, "stream_producers": w.stProducer,
+		"last_sequences":   w.stLast,
+		"envelope_tenants": w.evTenant, "envelope_events": w.evIdent, "envelope_projects": w.evProject,
+		"envelope_producers": w.evProducer, "envelope_sequences": w.evSeq, "envelope_topics": w.evTopic,
+		"envelope_idempotency_digests": w.evIdem, "envelope_request_digests": w.evRequest,
+		"bodies":          w.evBody,
+		"message_tenants": w.msgTenant, "message_ids": w.msgID, "message_projects": w.msgProject,
+		"message_topics": w.msgTopic, "message_endpoints": w.msgEndpoint, "message_events": w.msgEvent,
+		"message_max_attempts": w.msgMax,
 	}
 }
 
@@ -546,7 +545,7 @@ func runEnqueueSet(ctx context.Context, c *pgx.Conn, b *enqueueSet, committing f
 		return answers, nil
 	}
 
-	if err := writeAndCommit(ctx, c, writeOutboundSQL, args, nil); err != nil {
+	if err := writeAndCommit(ctx, c, writeOutboundStmt, args, nil); err != nil {
 		return nil, err
 	}
 	return answers, nil

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/uptrace/bun"
 )
 
 // DeadLetter is one entry of GET /v1/dead-letters. ErrorCode is the stable
@@ -18,18 +20,41 @@ type DeadLetter struct {
 	CreatedAt, DeadAt                       time.Time
 }
 
-// listDeadSQL pages by (dead_at, message_id), the order of the partial index.
-// dead_at IS NOT NULL (the same rows as status = 'dead', by a CHECK) is the
-// index's predicate, which a replay's status = 'dead' does not imply: on a
-// never-analyzed table a partial index looks empty, and a replay took it
-// over the primary key (migration 0009).
-const listDeadSQL = `
-SELECT message_id, endpoint_id, topic, last_error_code, attempts, created_at, dead_at
-FROM outbox_messages
-WHERE tenant_id = $1 AND project_id = $2 AND status = 'dead' AND dead_at IS NOT NULL
-  AND ($3::timestamptz IS NULL OR (dead_at, message_id) > ($3::timestamptz, $4::text))
-ORDER BY dead_at, message_id
-LIMIT $5`
+// outboxMessageModel is an outbox message as the dead-letter listing reads
+// it. Messages are written and moved only by the hand-written enqueue,
+// claim, settle and replay statements.
+type outboxMessageModel struct {
+	bun.BaseModel `bun:"table:outbox_messages"`
+
+	TenantID      string    `bun:"tenant_id"`
+	MessageID     string    `bun:"message_id"`
+	ProjectID     string    `bun:"project_id"`
+	EndpointID    string    `bun:"endpoint_id"`
+	Topic         string    `bun:"topic"`
+	Status        string    `bun:"status"`
+	LastErrorCode string    `bun:"last_error_code"`
+	Attempts      int       `bun:"attempts"`
+	CreatedAt     time.Time `bun:"created_at"`
+	DeadAt        time.Time `bun:"dead_at,nullzero"`
+}
+
+// listDeadQuery selects one page of dead letters into model, by (dead_at,
+// message_id), the order of the partial index; after the position (afterAt,
+// afterID) when paged. dead_at IS NOT NULL (the same rows as status =
+// 'dead', by a CHECK) is the index's predicate, which a replay's status =
+// 'dead' does not imply: on a never-analyzed table a partial index looks
+// empty, and a replay took it over the primary key (migration 0009). The
+// arguments are any so that the plan tests can render it with parameters.
+func listDeadQuery(db *bun.DB, model any, tenant, project any, paged bool, afterAt, afterID any, limit int) *bun.SelectQuery {
+	q := db.NewSelect().Model(model).
+		Column("message_id", "endpoint_id", "topic", "last_error_code", "attempts", "created_at", "dead_at").
+		Where("tenant_id = ?", tenant).Where("project_id = ?", project).
+		Where("status = ?", StatusDead).Where("dead_at IS NOT NULL")
+	if paged {
+		q = q.Where("(dead_at, message_id) > (?, ?)", afterAt, afterID)
+	}
+	return q.Order("dead_at", "message_id").Limit(limit)
+}
 
 // deadCursor encodes a page position. It is opaque to clients; it carries
 // only a time and a message id the caller already saw.
@@ -75,31 +100,23 @@ func (s *Outbox) ListDeadLetters(ctx context.Context, tenant, project string, li
 	if !validIdentity(tenant, project) || limit < 1 || limit > MaxDeadLetterPage {
 		return nil, nil, newErr(op, ErrInvalid)
 	}
-	var afterAt sql.NullTime
+	var afterAt time.Time
 	var afterID string
 	if after != "" {
 		t, id, ok := parseDeadCursor(after)
 		if !ok {
 			return nil, nil, newErr(op, ErrInvalid)
 		}
-		afterAt, afterID = sql.NullTime{Time: t, Valid: true}, id
+		afterAt, afterID = t, id
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, listDeadSQL, tenant, project, afterAt, afterID, limit+1)
-	if err != nil {
+	var rows []outboxMessageModel
+	if err := listDeadQuery(s.db, &rows, tenant, project, after != "", afterAt, afterID, limit+1).Scan(ctx); err != nil {
 		return nil, nil, classify(ctx, op, err)
 	}
-	defer rows.Close()
-	out := []DeadLetter{}
-	for rows.Next() {
-		var d DeadLetter
-		if err := rows.Scan(&d.MessageID, &d.EndpointID, &d.Topic, &d.ErrorCode, &d.Attempts, &d.CreatedAt,
-			&d.DeadAt); err != nil {
-			return nil, nil, classify(ctx, op, err)
-		}
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, classify(ctx, op, err)
+	out := make([]DeadLetter, len(rows))
+	for i, r := range rows {
+		out[i] = DeadLetter{MessageID: r.MessageID, EndpointID: r.EndpointID, Topic: r.Topic,
+			ErrorCode: r.LastErrorCode, Attempts: r.Attempts, CreatedAt: r.CreatedAt, DeadAt: r.DeadAt}
 	}
 	if len(out) <= limit {
 		return out, nil, nil

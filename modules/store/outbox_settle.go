@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// settleSQL applies a batch of settles of tenant $1 in one statement, one
+// settleSQL applies a batch of settles of @tenant in one statement, one
 // array element a settle (SettleBatch). Each is fenced on its own row: it
 // changes the message only while the message is delivering under the
 // attempt it claimed, so after a lease expired and another worker claimed
@@ -37,9 +37,9 @@ import (
 //
 // Each settle that matched writes its attempt row in the same statement
 // (§8.8): the result is the status it left (a retry on the last attempt is
-// dead), the code the one stored. A settle without its own timing ($8,
-// $9 NULL) records what the database knows: the claim's time (updated_at
-// as claimed, from pre) and the time since. A row already there (attempts
+// dead), the code the one stored. A settle without its own timing
+// (@started_at, @duration_ms NULL) records what the database knows: the
+// claim's time (updated_at as claimed, from pre) and the time since. A row already there (attempts
 // reset by hand) is kept: the history never stops a settle. (No conflict
 // target: naming one needs SELECT on the history, which the worker does
 // not have.)
@@ -51,32 +51,30 @@ import (
 // a scan), then joined back on the whole key. Messages are locked in index
 // order, so two batches over the same rows lock them in the same order.
 // The statement returns the ordinality of each settle that matched.
-//
-//	$1 tenant  $2 message ids  $3 attempts  $4 outcomes  $5 next attempt times
-//	$6 codes  $7 disable endpoint  $8 started at  $9 durations (ms)  $10 HTTP statuses
-//	$11 payload retention in microseconds
+// @retention_us is the payload retention in microseconds.
 const settleSQL = `
 WITH s AS (
-    SELECT * FROM unnest($2::text[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::boolean[],
-                         $8::timestamptz[], $9::bigint[], $10::smallint[])
+    SELECT * FROM unnest(@message_ids::text[], @attempts::int[], @outcomes::text[], @next_attempt_at::timestamptz[],
+                         @codes::text[], @disable_endpoint::boolean[], @started_at::timestamptz[],
+                         @duration_ms::bigint[], @http_statuses::smallint[])
         WITH ORDINALITY AS s(message_id, attempt, outcome, next_at, code, disable, started_at, duration_ms,
                              http_status, ord)
 ), pre AS (
     SELECT s.*, o.event_identity, o.updated_at AS claimed_at, o.attempts >= o.max_attempts AS last
     FROM s CROSS JOIN LATERAL (
         SELECT o.event_identity, o.updated_at, o.attempts, o.max_attempts FROM outbox_messages o
-        WHERE o.tenant_id = $1 AND o.message_id = s.message_id AND o.attempts = s.attempt AND o.status = 'delivering'
+        WHERE o.tenant_id = @tenant AND o.message_id = s.message_id AND o.attempts = s.attempt AND o.status = 'delivering'
         OFFSET 0) o
 ), expiry AS (
     UPDATE outbound_bodies b
-    SET expires_at = greatest(b.expires_at, now() + $11::bigint * interval '1 microsecond')
+    SET expires_at = greatest(b.expires_at, now() + @retention_us::bigint * interval '1 microsecond')
     FROM (
         SELECT l.tenant_id, l.event_identity
         FROM (SELECT DISTINCT p.event_identity FROM pre p
               WHERE p.outcome <> '` + string(SettleRetry) + `' OR p.last) e
         CROSS JOIN LATERAL (
             SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
-            WHERE l.tenant_id = $1 AND l.event_identity = e.event_identity
+            WHERE l.tenant_id = @tenant AND l.event_identity = e.event_identity
             OFFSET 0 FOR UPDATE SKIP LOCKED) l
     ) k
     WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
@@ -93,7 +91,7 @@ WITH s AS (
             FROM pre p WHERE p.message_id = o.message_id),
         lease_expires_at = NULL,
         updated_at       = now()
-    WHERE o.tenant_id = $1 AND o.message_id = ANY (ARRAY(SELECT message_id FROM pre)) AND o.status = 'delivering'
+    WHERE o.tenant_id = @tenant AND o.message_id = ANY (ARRAY(SELECT message_id FROM pre)) AND o.status = 'delivering'
       AND o.attempts = (SELECT p.attempt FROM pre p WHERE p.message_id = o.message_id)
     RETURNING o.message_id, o.endpoint_id, o.attempts, o.status, o.last_error_code
 ), settled AS (
@@ -103,10 +101,10 @@ WITH s AS (
     UPDATE endpoints SET state = 'disabled', disabled_reason = g.code, updated_at = now()
     FROM (SELECT DISTINCT ON (d.endpoint_id) d.endpoint_id, d.last_error_code AS code FROM settled d
           WHERE d.disable ORDER BY d.endpoint_id, d.ord) g
-    WHERE endpoints.tenant_id = $1 AND endpoints.endpoint_id = g.endpoint_id AND endpoints.state = 'active'
+    WHERE endpoints.tenant_id = @tenant AND endpoints.endpoint_id = g.endpoint_id AND endpoints.state = 'active'
 ), attempt AS (
     INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
-    SELECT $1, d.message_id, d.attempts, coalesce(d.started_at, d.claimed_at),
+    SELECT @tenant, d.message_id, d.attempts, coalesce(d.started_at, d.claimed_at),
            coalesce(d.duration_ms, greatest((extract(epoch FROM now() - d.claimed_at) * 1000)::bigint, 0)),
            d.http_status, nullif(d.last_error_code, ''),
            CASE d.status WHEN 'pending' THEN '` + string(AttemptRetry) + `' ELSE d.status END
@@ -115,7 +113,7 @@ WITH s AS (
 )
 SELECT ord FROM settled`
 
-const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = $1 AND message_id = $2)`
+const messageExistsSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE tenant_id = @tenant AND message_id = @message_id)`
 
 func validSettle(tenant, id string, attempt int) bool {
 	return validIdentity(tenant) && messageIDRE.MatchString(id) && attempt >= 1
@@ -128,7 +126,8 @@ func (s *Outbox) settled(ctx context.Context, op, tenant, id string, n int64) er
 		return nil
 	}
 	var exists bool
-	if err := s.sqlDB().QueryRowContext(ctx, messageExistsSQL, tenant, id).Scan(&exists); err != nil {
+	if err := s.sqlDB().QueryRowContext(ctx, messageExistsStmt.text,
+		messageExistsStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_id": id})).Scan(&exists); err != nil {
 		return classify(ctx, op, err)
 	}
 	if !exists {
@@ -323,8 +322,10 @@ func (s *Outbox) settleSet(ctx context.Context, tenant string, ss []Settlement) 
 	}
 	applied := make([]bool, n)
 	err := s.withPgx(ctx, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, settleSQL, tenant, ids, attempts, outcomes, nexts, codes, disable, started, duration,
-			statuses, s.retentionMicros())
+		rows, err := c.Query(ctx, settleStmt.text, settleStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "message_ids": ids,
+			"attempts": attempts, "outcomes": outcomes, "next_attempt_at": nexts, "codes": codes,
+			"disable_endpoint": disable, "started_at": started, "duration_ms": duration, "http_statuses": statuses,
+			"retention_us": s.retentionMicros()}))
 		if err != nil {
 			return err
 		}

@@ -4,41 +4,45 @@ import (
 	"flag"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 )
 
 var updatePgbench = flag.Bool("update-pgbench", false, "rewrite bench/ingest.pgbench from the store's SQL")
 
-// pgbenchArgs stands in for Ingest's bind parameters: per-client streams
+// pgbenchArgs stands in for Ingest's named arguments: per-client streams
 // ('pgb-<run>-<client>'), sequences counted by :seq, a 1 KiB stored envelope.
-var pgbenchArgs = map[int]string{
-	1:  `'bench'`,
-	2:  `'p1'`,
-	3:  `('pgb-' || :run || '-' || :client_id)`,
-	4:  `sha256(convert_to('e-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
-	5:  `sha256(convert_to('i-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
-	6:  `sha256(convert_to('c-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
-	7:  `:seq`,
-	8:  `'k1'`,
-	9:  `now()`,
-	10: `convert_to(repeat('x', 1024), 'UTF8')`,
-	11: `(now() + interval '90 days')`,
-	12: `1024`,
-	13: `'a1'`,
-	14: `('pgb-' || :run || '-' || :client_id)`,
-	15: `encode(sha256(convert_to('e-' || :run || '-' || :client_id || '-' || :seq, 'UTF8')), 'hex')`,
-	16: `'bench'`,
-	17: `NULL`,
+var pgbenchArgs = map[string]string{
+	"tenant":             `'bench'`,
+	"project":            `'p1'`,
+	"producer":           `('pgb-' || :run || '-' || :client_id)`,
+	"event":              `sha256(convert_to('e-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
+	"idempotency_digest": `sha256(convert_to('i-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
+	"content_digest":     `sha256(convert_to('c-' || :run || '-' || :client_id || '-' || :seq, 'UTF8'))`,
+	"sequence":           `:seq`,
+	"key_id":             `'k1'`,
+	"issued_at":          `now()`,
+	"envelope":           `convert_to(repeat('x', 1024), 'UTF8')`,
+	"expires_at":         `(now() + interval '90 days')`,
+	"max_ahead":          `1024`,
+	"account":            `'a1'`,
+	"device":             `('pgb-' || :run || '-' || :client_id)`,
+	"event_hex":          `encode(sha256(convert_to('e-' || :run || '-' || :client_id || '-' || :seq, 'UTF8')), 'hex')`,
+	"correlation_id":     `'bench'`,
+	"verified_with":      `NULL`,
 }
 
-var paramRE = regexp.MustCompile(`\$(\d+)`)
+// paramRE is a pgx named argument (pgx.NamedArgs' rule for a name).
+var paramRE = regexp.MustCompile(`@[A-Za-z_][A-Za-z0-9_]*`)
 
+// pgbenchSQL replaces each named argument of sql by its stand-in; one
+// without a stand-in stays, and TestPgbenchScriptIsCurrent refuses it.
 func pgbenchSQL(sql string) string {
 	return strings.TrimSpace(paramRE.ReplaceAllStringFunc(sql, func(m string) string {
-		n, _ := strconv.Atoi(m[1:])
-		return pgbenchArgs[n]
+		if v, ok := pgbenchArgs[m[1:]]; ok {
+			return v
+		}
+		return m
 	}))
 }
 
@@ -74,7 +78,7 @@ func TestPgbenchScriptIsCurrent(t *testing.T) {
 	if string(got) != want {
 		t.Fatalf("%s is stale: regenerate with -update-pgbench", path)
 	}
-	if strings.Contains(want, "$") {
+	if strings.ContainsAny(want, "$@") {
 		t.Fatal("a bind parameter has no pgbench stand-in")
 	}
 }

@@ -103,7 +103,7 @@ var planCases = []planCase{
 	// The history's inserts (claimSQL, settleSQL) read nothing of
 	// it: their ON CONFLICT has no target (the worker may not read the
 	// table), so there is no arbiter to check either.
-	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001', 100`,
+	{name: "outboxAttempts", args: `'t1', 'msg_000000000000000000000001'`,
 		scans: []planScan{{"outbox_attempts", "outbox_attempts_pkey", byMessage}}},
 	// The claim (outbox_claim.go) scans the tenant's due messages in due
 	// order and reaches each claimed message, its endpoint, envelope and
@@ -127,7 +127,10 @@ var planCases = []planCase{
 		scans: []planScan{messagePkey, endpointPkey, bodiesPkey}, emptyTies: []string{"endpoint_id", "message_id"}},
 	{name: "replay", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0'), 'acct', 'dev', 'corr'`,
 		scans: []planScan{messagePkey, bodiesPkey, envelopesPkey}},
-	{name: "listDead", args: `'t1', 'p1', NULL, '', 101`,
+	// The dead-letter pages (bun queries): the first, and one after a cursor.
+	{name: "listDead", args: `'t1', 'p1'`,
+		scans: []planScan{{"outbox_messages", "outbox_messages_dead_idx", []string{"tenant_id", "project_id"}}}},
+	{name: "listDeadAfter", args: `'t1', 'p1', now() - interval '1 day', 'msg_000000000000000000000000'`,
 		scans: []planScan{{"outbox_messages", "outbox_messages_dead_idx", []string{"tenant_id", "project_id"}}}},
 	{name: "messageExists", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0')`, scans: []planScan{messagePkey}},
 	{name: "outboxMessage", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0')`,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // StreamState is what a producer resumes from.
@@ -65,7 +67,8 @@ func (s *Inbound) SetReplayFloor(ctx context.Context, tenant, project, producer 
 	var st StreamState
 	var lowered bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if err := tx.QueryRowContext(ctx, lockStreamReturningSQL, tenant, project, producer).
+		if err := tx.QueryRowContext(ctx, lockStreamReturningStmt.text,
+			lockStreamReturningStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "project": project, "producer": producer})).
 			Scan(&st.Cursor, &st.ReplayFloor); err != nil {
 			return err
 		}
