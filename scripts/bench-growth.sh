@@ -237,6 +237,7 @@ for round in $(seq 1 "$rounds"); do
 				rate=$(field "$out" envelopes_per_second)
 				row "$layout" "$size" "$round" "$route" "$(printf '%.0f' "${rate:-0}")" "$(ms "$(field "$out" p50_ns)")" \
 					"$(ms "$(field "$out" p99_ns)")" "$(ms "$(field "$out" p999_ns)")" "$l0→$(loadavg)"
+				log "measured: ${rows[-1]}" # as it comes: a run cut short still has its figures
 				if [ "$(field "$out" transport_errors)" != 0 ] || printf '%s' "$out" | grep -q '"refused":{"'; then
 					log "not every envelope was accepted: $out"
 					status=1
