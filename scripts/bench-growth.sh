@@ -8,7 +8,8 @@
 #   BENCH_SIZES="0 1000000 5000000"  retained identities per database (the first is the baseline)
 #   BENCH_SECONDS=10          length of each run (each run also stops when its signed envelopes run out)
 #   BENCH_PRODUCERS=16        concurrent producers, each its own new stream, all in one fresh tenant
-#   BENCH_ROUNDS=2            rounds; each round runs every size once, odd rounds in reverse order
+#   BENCH_ROUNDS=2            rounds; each round runs every size once, odd rounds in reverse order; 0 seeds
+#                             the databases and measures nothing (with BENCH_KEEP_DB=1, for BENCH_REUSE_DB)
 #   BENCH_BATCH=0             envelopes per batch request for a batch run after each single run (0: none)
 #   BENCH_COUNT=200000        envelopes signed ahead per run (memory bound)
 #   BENCH_PAYLOAD_BYTES=600   padding per payload of the runs: about 1 KiB signed envelopes
@@ -19,6 +20,8 @@
 #   BENCH_LAYOUT=plain        layouts (envctl migrate --layout), e.g. "plain partitioned": each size is
 #                             seeded once per layout, and every round runs every (layout, size)
 #   BENCH_KEEP_DB=1           keep the databases afterwards (dropped by default)
+#   BENCH_REUSE_DB=1          use a kept database of a size > 0 again when it holds exactly that many
+#                             identities and their streams (seeded, never measured); others start fresh
 #
 # For each layout and size it makes a fresh database envelopeworker_growth_<layout>_<size>, migrates it, fills it in SQL
 # (INSERT … SELECT … FROM generate_series, no API call): identities with payloads that expire in 30
@@ -55,13 +58,14 @@ for v in "$seconds" "$producers" "$rounds" "$batch" "$count" "$payload" "$seed_t
 	case "$v" in '' | *[!0-9]*) die "every BENCH_ number must be a non-negative integer (got '$v')" ;; esac
 done
 [ -n "$sizes" ] || die "BENCH_SIZES is empty"
-[ "$producers" -ge 1 ] && [ "$rounds" -ge 1 ] && [ "$seed_tenants" -ge 1 ] && [ "$seed_streams" -ge 1 ] &&
-	[ "$chunk" -ge 1 ] && [ "$seed_bytes" -ge 100 ] || die "BENCH_PRODUCERS, _ROUNDS, _SEED_TENANTS, _SEED_STREAMS, _SEED_CHUNK must be ≥ 1, _SEED_ENVELOPE_BYTES ≥ 100"
+[ "$producers" -ge 1 ] && [ "$seed_tenants" -ge 1 ] && [ "$seed_streams" -ge 1 ] &&
+	[ "$chunk" -ge 1 ] && [ "$seed_bytes" -ge 100 ] || die "BENCH_PRODUCERS, _SEED_TENANTS, _SEED_STREAMS, _SEED_CHUNK must be ≥ 1, _SEED_ENVELOPE_BYTES ≥ 100"
 for l in $layouts; do
 	case "$l" in plain | partitioned) ;; *) die "BENCH_LAYOUT must list plain and/or partitioned (got '$l')" ;; esac
 done
 [ -n "$layouts" ] || die "BENCH_LAYOUT is empty"
 [ "$count" -ge "$producers" ] || count=$producers
+[ "$rounds" -gt 0 ] || [ "${BENCH_KEEP_DB:-0}" = 1 ] || die "BENCH_ROUNDS=0 only seeds: it needs BENCH_KEEP_DB=1"
 need psql "install the PostgreSQL client (Debian: postgresql-client)"
 need curl "install curl"
 
@@ -179,17 +183,28 @@ for layout in $layouts; do for size in $sizes; do
 		log "cannot see PostgreSQL's data directory: size $size goes ahead unchecked (needs about $((need_bytes >> 30)) GiB)"
 	fi
 	dbs+=("$db")
-	log "fresh database $db on $(redact "$admin")"
-	fresh_db "$admin" "$db"
 	dsn=$(dsn_of "$layout" "$size")
-	"$bindir/envctl" migrate --database-url "$dsn" --layout "$layout" >&2
 	t0=$(date +%s)
-	[ "$size" -gt 0 ] && seed "$size" "$dsn" "$layout"
-	seed_secs[$layout/$size]=$(($(date +%s) - t0))
+	if [ "${BENCH_REUSE_DB:-0}" = 1 ] && [ "$size" -gt 0 ] && [ "$(psql "$dsn" -XAt -c "SELECT (SELECT count(*) FROM event_identities) = $size
+AND EXISTS (SELECT FROM streams) AND (SELECT layout FROM schema_layout) = '$layout'" 2>/dev/null)" = t ]; then
+		log "reusing $db: $size seeded identities"
+		seed_secs[$layout/$size]=reused
+	else
+		log "fresh database $db on $(redact "$admin")"
+		fresh_db "$admin" "$db"
+		"$bindir/envctl" migrate --database-url "$dsn" --layout "$layout" >&2
+		[ "$size" -gt 0 ] && seed "$size" "$dsn" "$layout"
+		seed_secs[$layout/$size]=$(($(date +%s) - t0))
+	fi
+	[ "$rounds" -gt 0 ] || continue
 	"$bindir/loadgen-ingest" setup --database-url "$dsn" --tenant growth-bench --producers "$producers" \
 		--out "$work/creds-${layout}_$size.json" >&2
 done; done
 
+if [ "$rounds" = 0 ]; then
+	log "seeded and kept: ${dbs[*]}"
+	exit 0
+fi
 port=$(free_port 18180)
 mport=$(free_port $((port + 1)))
 url="http://127.0.0.1:$port"
