@@ -530,8 +530,8 @@ func selects(selector, labels map[string]string) bool {
 func checkJobs(byKind map[string][]object) []string {
 	var bad []string
 	fail := func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }
-	if n := len(byKind["CronJob"]); n != 1 {
-		fail("want one CronJob (retention-janitor), got %d", n)
+	if n := len(byKind["CronJob"]); n != 2 {
+		fail("want two CronJobs (retention-janitor, analyze), got %d", n)
 	}
 	for _, o := range byKind["CronJob"] {
 		cj := o.Obj.(*batchv1.CronJob)

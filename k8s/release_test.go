@@ -772,6 +772,7 @@ func TestBrokenReleaseFails(t *testing.T) {
 			"Deployment/envelopeworker-delivery-worker container delivery-worker: image envelopeworker/delivery-worker:0.1.0 has no Dockerfile",
 			"CronJob/envelopeworker-retention-janitor container retention-janitor: image envelopeworker/retention-janitor:0.1.0 has no Dockerfile",
 			"Job/envelopeworker-migrate-v0-1-0 container migrate: image envelopeworker/envctl:0.1.0 has no Dockerfile",
+			"CronJob/envelopeworker-analyze container analyze: image envelopeworker/envctl:0.1.0 has no Dockerfile",
 		}},
 		{"entrypoint-renamed", "", []string{
 			"services/ingest-api/Dockerfile: ENTRYPOINT /ingest is not the built /out/ingest-api",

@@ -30,7 +30,7 @@ func TestOverlaysRenderAndPass(t *testing.T) {
 				kinds[o.Kind]++
 			}
 			want := map[string]int{"Deployment": 2, "Service": 1, "PodDisruptionBudget": 2, "HorizontalPodAutoscaler": 1,
-				"CronJob": 1, "Job": 1, "NetworkPolicy": 5, "ServiceAccount": 4}
+				"CronJob": 2, "Job": 1, "NetworkPolicy": 5, "ServiceAccount": 4}
 			if filepath.Base(dir) == "prod" { // components/monitoring
 				want["PodMonitor"], want["ServiceMonitor"], want["PrometheusRule"], want["ConfigMap"] = 2, 1, 1, 1
 			}

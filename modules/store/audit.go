@@ -60,24 +60,24 @@ func (s *Inbound) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, 
 		(!f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until)) {
 		return nil, newErr(op, ErrInvalid)
 	}
-	var rows []auditModel
-	q := s.db.NewSelect().Model(&rows).Where("tenant_id = ?", f.TenantID)
+	a := auditQueryArgs{tenant: f.TenantID, limit: f.Limit}
 	if f.ProjectID != "" {
-		q = q.Where("project_id = ?", f.ProjectID)
+		a.project = f.ProjectID
 	}
 	if f.BeforeID != 0 {
-		q = q.Where("audit_id < ?", f.BeforeID)
+		a.before = f.BeforeID
 	}
 	if !f.Since.IsZero() {
-		q = q.Where("at >= ?", f.Since)
+		a.since = f.Since
 	}
 	if !f.Until.IsZero() {
-		q = q.Where("at < ?", f.Until)
+		a.until = f.Until
 	}
 	if f.Outcome != "" {
-		q = q.Where("outcome = ?", f.Outcome)
+		a.outcome = f.Outcome
 	}
-	if err := q.OrderExpr("audit_id DESC").Limit(f.Limit).Scan(ctx); err != nil {
+	var rows []auditModel
+	if err := listAuditQuery(s.db, &rows, a).Scan(ctx); err != nil {
 		return nil, classify(ctx, op, err)
 	}
 	var out []AuditRecord
@@ -87,6 +87,36 @@ func (s *Inbound) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, 
 			CorrelationID: r.CorrelationID, At: r.At, ID: r.AuditID})
 	}
 	return out, nil
+}
+
+// auditQueryArgs are the values of one audit listing; a nil one is no
+// filter. They are any so that the plan tests can render the query with
+// parameters.
+type auditQueryArgs struct {
+	tenant, project, before, since, until, outcome any
+	limit                                          int
+}
+
+// listAuditQuery selects one page of a tenant's audit rows into model,
+// newest first (audit_id DESC, the key's order within the tenant).
+func listAuditQuery(db *bun.DB, model any, a auditQueryArgs) *bun.SelectQuery {
+	q := db.NewSelect().Model(model).Where("tenant_id = ?", a.tenant)
+	if a.project != nil {
+		q = q.Where("project_id = ?", a.project)
+	}
+	if a.before != nil {
+		q = q.Where("audit_id < ?", a.before)
+	}
+	if a.since != nil {
+		q = q.Where("at >= ?", a.since)
+	}
+	if a.until != nil {
+		q = q.Where("at < ?", a.until)
+	}
+	if a.outcome != nil {
+		q = q.Where("outcome = ?", a.outcome)
+	}
+	return q.OrderExpr("audit_id DESC").Limit(a.limit)
 }
 
 // nullTime is NULL for the zero time: an open end of a range.

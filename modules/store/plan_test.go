@@ -414,7 +414,11 @@ func explainPlan(t *testing.T, db *sql.DB, query, args, mode string) map[string]
 	}
 	defer conn.ExecContext(ctx, `RESET plan_cache_mode`) //nolint:errcheck
 	var out []byte
-	if err := conn.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) EXECUTE hot (`+args+`)`).Scan(&out); err != nil {
+	exec := `EXECUTE hot`
+	if args != "" {
+		exec += ` (` + args + `)`
+	}
+	if err := conn.QueryRowContext(ctx, `EXPLAIN (FORMAT JSON) `+exec).Scan(&out); err != nil {
 		t.Fatalf("explain: %v", err)
 	}
 	var doc []struct {

@@ -127,6 +127,8 @@ func commands() []*command {
 			{name: "backfill-bodies", summary: "move bodies stored by releases before migration 0008 to outbound_bodies (run as the schema owner; resumable)", run: runOutboxBackfillBodies,
 				usage: "[--batch N] [--pause D] [--retention D]", example: "envctl outbox backfill-bodies --retention 2160h --pause 100ms"},
 		}},
+		{name: "analyze", summary: "gather the statistics of the partitioned layout's parent tables, which autovacuum never does (run as the schema owner)", run: runAnalyze,
+			usage: "[--database-url URL] [--timeout D]", example: "envctl analyze --timeout 30m"},
 		{name: "verify", summary: "check the invariants a restored database must keep", run: runVerify,
 			usage: "[--database-url URL] [--timeout D]", example: "envctl verify --database-url \"$RESTORED_DATABASE_URL\""},
 	}
