@@ -44,7 +44,14 @@ parallel=${TEST_P:-$(nproc 2>/dev/null || echo 2)}
 started=$SECONDS
 
 eval "$(scripts/pg.sh)"
-cleanup() { if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi; }
+# The commands tests run as processes (the services, envctl) are built once for the whole run, by the
+# first test process that needs each, into this directory (buildtest.DirEnv in modules/buildinfo).
+ENVELOPEWORKER_TEST_BIN=$(mktemp -d)
+export ENVELOPEWORKER_TEST_BIN
+cleanup() {
+	rm -rf "$ENVELOPEWORKER_TEST_BIN"
+	if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi
+}
 trap cleanup EXIT
 export TEST_DATABASE_URL
 echo "PostgreSQL for tests: $(printf '%s' "$TEST_DATABASE_URL" | sed -E 's#://[^@]*@#://#')"
