@@ -43,7 +43,9 @@ minimizetime=${FUZZMINIMIZETIME:-100x}
 parallel=${TEST_P:-$(nproc 2>/dev/null || echo 2)}
 started=$SECONDS
 
-eval "$(scripts/pg.sh)"
+# A PostgreSQL cluster of the run's own (fsync off, nobody else's checkpoints) unless TEST_DATABASE_URL
+# names one or no server binaries are installed: see PG_THROWAWAY=prefer in scripts/pg.sh.
+eval "$(PG_THROWAWAY=${PG_THROWAWAY:-prefer} scripts/pg.sh)"
 # The commands tests run as processes (the services, envctl) are built once for the whole run, by the
 # first test process that needs each, into this directory (buildtest.DirEnv in modules/buildinfo).
 ENVELOPEWORKER_TEST_BIN=$(mktemp -d)
