@@ -13,7 +13,7 @@ up: ## bring the whole stack up locally and show it working
 down: ## stop what `make up` started and drop its demo database
 	scripts/down.sh
 
-test: ## vet, tests (-race where goroutines run) and a short fuzz pass of every go.work module, against a real PostgreSQL
+test: ## vet and tests (-race where goroutines run) of every go.work module, against a real PostgreSQL; fuzz seeds as tests
 	scripts/test.sh
 
 fuzz: ## fuzz every target for FUZZTIME (default 10m) each: envelope reader, producer answers, ingest-api HTTP, webhook signer, sink and receiver

@@ -10,6 +10,10 @@
 #   3. a throwaway cluster made with the machine's PostgreSQL binaries in a temporary directory, run as
 #      a non-root user (postgres, else nobody) when this script runs as root, on the first free port
 #      from 55432 (PG_THROWAWAY=1 skips step 2). Its location is remembered in .tmp/pg.env so `stop` (and later runs) find it.
+#   PG_THROWAWAY=prefer (scripts/test.sh's default) skips step 2 when the server binaries are installed.
+#   A test run creates and drops a database per test, and on PostgreSQL 15 every DROP DATABASE waits
+#   for a checkpoint of the whole server: on a shared server with fsync on, one that other work keeps
+#   dirty, that wait is most of the run; a cluster of its own with durability off checkpoints at once.
 #
 # Everything it prints on stdout is shell to eval; progress goes to stderr.
 set -euo pipefail
@@ -80,7 +84,12 @@ if [ -n "${TEST_DATABASE_URL:-}" ] && answers "$TEST_DATABASE_URL"; then
 fi
 
 default_dsn="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-if [ "${PG_THROWAWAY:-0}" != 1 ] && answers "$default_dsn"; then
+skip_default=0
+case "${PG_THROWAWAY:-0}" in
+1) skip_default=1 ;;
+prefer) if (bindir) >/dev/null 2>&1; then skip_default=1; fi ;;
+esac
+if [ "$skip_default" = 0 ] && answers "$default_dsn"; then
 	printf 'export TEST_DATABASE_URL=%q\nexport PG_STARTED_BY_US=0\n' "$default_dsn"
 	exit 0
 fi

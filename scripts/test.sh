@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test.sh — every workspace module's vet, tests (race-enabled where goroutines share state) and a short
-# fuzz pass, against a real PostgreSQL. `make test` and CI (.ci/run) call it; `make fuzz` too.
+# test.sh — every workspace module's vet and tests (race-enabled where goroutines share state), against
+# a real PostgreSQL, and with FUZZTIME set a fuzz pass. `make test` and CI (.ci/run) call it without
+# fuzzing (every fuzz target's seed corpus still runs as an ordinary test); `make fuzz` sets FUZZTIME.
 #
 # `go test ./...` at a go.work root tests nothing (the root is no module), but one `go test` given every
 # module's `./module/...` pattern builds and runs them all as one job graph: the two cores stay busy
@@ -17,8 +18,9 @@
 # concurrently, since -race instruments every package linked into a test binary. The split is printed
 # on every run.
 #
-#   FUZZTIME=10000x   how long each fuzz target runs, in executions (0 skips the fuzz pass). A count,
-#                     not a duration: Go 1.26's coordinator can report a spurious "context deadline
+#   FUZZTIME=10000x   how long each fuzz target runs after the tests, as a count of executions or a
+#                     duration; unset or 0 (`make test`) skips the fuzz pass. Prefer a count to a
+#                     duration: Go 1.26's coordinator can report a spurious "context deadline
 #                     exceeded" failure when a -fuzztime duration ends (golang/go#75804, fixed in 1.27).
 #   FUZZMINIMIZETIME=100x   how long each new corpus entry is minimized, in executions. Go's default is
 #                     60 s per entry, which for a target doing a database round trip per execution
@@ -33,16 +35,25 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-# The short pass only checks that each target still fuzzes from its corpus; most of its time is the
-# instrumented build, and FuzzHTTP pays a database round trip per execution. `make fuzz` is the long
-# run, and CI's per-module jobs fuzz every target 200000 times.
-fuzztime=${FUZZTIME:-10000x}
+# No fuzz pass by default: a short one mostly pays for instrumented builds of each target's package
+# (FuzzHTTP also a database round trip per execution) and finds little; the seed corpora run as tests
+# anyway. `make fuzz` is the long run, and CI's per-module jobs fuzz every target 200000 times.
+fuzztime=${FUZZTIME:-0}
 minimizetime=${FUZZMINIMIZETIME:-100x}
 parallel=${TEST_P:-$(nproc 2>/dev/null || echo 2)}
 started=$SECONDS
 
-eval "$(scripts/pg.sh)"
-cleanup() { if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi; }
+# A PostgreSQL cluster of the run's own (fsync off, nobody else's checkpoints) unless TEST_DATABASE_URL
+# names one or no server binaries are installed: see PG_THROWAWAY=prefer in scripts/pg.sh.
+eval "$(PG_THROWAWAY=${PG_THROWAWAY:-prefer} scripts/pg.sh)"
+# The commands tests run as processes (the services, envctl) are built once for the whole run, by the
+# first test process that needs each, into this directory (buildtest.DirEnv in modules/buildinfo).
+ENVELOPEWORKER_TEST_BIN=$(mktemp -d)
+export ENVELOPEWORKER_TEST_BIN
+cleanup() {
+	rm -rf "$ENVELOPEWORKER_TEST_BIN"
+	if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi
+}
 trap cleanup EXIT
 export TEST_DATABASE_URL
 echo "PostgreSQL for tests: $(printf '%s' "$TEST_DATABASE_URL" | sed -E 's#://[^@]*@#://#')"

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -62,15 +63,10 @@ func (s *killSink) hits() []sinkHit {
 	return append([]sinkHit(nil), s.seen...)
 }
 
-// buildWorker compiles this command into a temporary directory.
+// buildWorker compiles this command (once per scripts/test.sh run, see buildtest).
 func buildWorker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "delivery-worker")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return buildtest.Binary(t, "services/delivery-worker", t.TempDir())
 }
 
 // proc is a running worker process; exited is closed once it has exited.

@@ -7,10 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 )
 
 // TestJanitorAcrossPostgresCrash crashes PostgreSQL (immediate stop, crash recovery on start) while a
@@ -25,12 +26,7 @@ func TestJanitorAcrossPostgresCrash(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cluster := startCluster(ctx, t)
-	bin := filepath.Join(t.TempDir(), "retention-janitor")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join(repoRoot(t), "services", "retention-janitor")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build retention-janitor: %v\n%s", err, out)
-	}
+	bin := buildtest.Binary(t, "services/retention-janitor", t.TempDir())
 	dsn, err := createDatabase(ctx, cluster, "janitor_crash")
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/migrations"
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
@@ -26,13 +27,7 @@ type envctlBinary struct{ path string }
 
 func buildEnvctl(t *testing.T) envctlBinary {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "envctl")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join("..", "..", "envctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build envctl: %v\n%s", err, out)
-	}
-	return envctlBinary{bin}
+	return envctlBinary{buildtest.Binary(t, "tools/envctl", t.TempDir())}
 }
 
 func (b envctlBinary) run(t *testing.T, dsn string, args ...string) res {

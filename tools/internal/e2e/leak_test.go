@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 	"github.com/envelopeworker/envelopeworker/tools/internal/access"
 )
@@ -50,8 +51,8 @@ type service struct {
 
 // built holds the binaries this test process has compiled, by service name. Every
 // test starts the same sources, and each `go build` re-links the binary even when
-// GOCACHE holds every package; one build per service per run keeps make test
-// short. TestMain removes dir.
+// GOCACHE holds every package; one build per service per process (per
+// scripts/test.sh run: buildtest) keeps make test short. TestMain removes dir.
 var built struct {
 	mu   sync.Mutex
 	dir  string
@@ -67,22 +68,14 @@ func buildService(t *testing.T, name string) string {
 	if bin, ok := built.bins[name]; ok {
 		return bin
 	}
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if built.dir == "" {
+		var err error
 		if built.dir, err = os.MkdirTemp("", "e2e-bin-"); err != nil {
 			t.Fatal(err)
 		}
 		built.bins = map[string]string{}
 	}
-	bin := filepath.Join(built.dir, name)
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join(root, "services", name)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", name, err, out)
-	}
+	bin := buildtest.Binary(t, "services/"+name, built.dir)
 	built.bins[name] = bin
 	return bin
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -31,11 +31,7 @@ type rxSupervisor struct {
 
 func startReceiver(t *testing.T, env []string) *rxSupervisor {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "testreceiver")
-	build := exec.Command("go", "build", "-o", bin, "./testreceiver")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build testreceiver: %v\n%s", err, out)
-	}
+	bin := buildtest.Binary(t, "tools/internal/e2e/testreceiver", t.TempDir())
 	s := &rxSupervisor{done: make(chan struct{}), logs: &lockedBuffer{}}
 	go func() {
 		defer close(s.done)

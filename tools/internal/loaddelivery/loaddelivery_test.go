@@ -5,13 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
 )
 
@@ -59,12 +58,7 @@ func TestHelpHidesDatabaseURL(t *testing.T) {
 // message reaches the sink once and ends delivered, and the one tenant never
 // has more than its share in flight.
 func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "delivery-worker")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = filepath.Join("..", "..", "..", "services", "delivery-worker")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build delivery-worker: %v\n%s", err, out)
-	}
+	bin := buildtest.Binary(t, "services/delivery-worker", t.TempDir())
 	dsn := storetest.NewDatabase(t)
 	var out bytes.Buffer
 	code := Main(context.Background(), []string{"--database-url", dsn, "--worker-bin", bin, "--messages", "300",
