@@ -1,5 +1,11 @@
 package store
 
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // HotSQL is the hot statements whose plans TestHotStatementPlansUseTheirKeys
 // checks, by name.
 var HotSQL = map[string]string{
@@ -15,6 +21,10 @@ var HotSQL = map[string]string{
 	"outboundByKey":  outboundByKeySQL,
 	"topicEndpoints": topicEndpointsSQL,
 	"claim":          claimSQL,
+	"dueTenants":     positional(dueTenantsSQL),
+	// The claim's raise of the tenant's due row (outbox_claim.go, 0011).
+	"lockDueTenant":  positional(lockDueTenantSQL),
+	"raiseDueTenant": positional(raiseDueTenantSQL),
 	"outboxAttempts": outboxAttemptsSQL,
 	// Settles, replay and message reads (outbox_settle.go, outbox_deadletters.go, outbox.go).
 	"settle":        settleSQL,
@@ -31,7 +41,7 @@ var HotSQL = map[string]string{
 // CrossTenantSQL is the statements that read every tenant's rows by design,
 // which TestHotStatementsTouchOnePartition names and bounds.
 var CrossTenantSQL = map[string]string{
-	"dueTenants":      dueTenantsSQL,
+	"dueTenants":      positional(dueTenantsSQL),
 	"outboxStats":     outboxStatsSQL,
 	"expiredPayloads": deleteExpiredSQL,
 	"expiredAttempts": deleteExpiredAttemptsSQL,
@@ -55,4 +65,15 @@ func SetDigestsEqual(f func(stored, digest []byte) int) (restore func()) {
 	old := digestsEqual
 	digestsEqual = f
 	return func() { digestsEqual = old }
+}
+
+// positional is a statement written with pgx.NamedArgs as PREPARE takes it:
+// pgx numbers the names $1, $2, … in the order they first appear, which is
+// the order of a plan case's arguments.
+func positional(sql string) string {
+	q, _, err := pgx.NamedArgs{}.RewriteQuery(context.Background(), nil, sql, nil)
+	if err != nil {
+		panic(err)
+	}
+	return q
 }

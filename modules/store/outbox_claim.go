@@ -2,7 +2,11 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Claimed is one message a worker now holds until LeaseExpiresAt. Attempt is
@@ -29,22 +33,29 @@ JOIN endpoints e ON e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id
 WHERE m.status IN ('pending', 'delivering') AND m.next_attempt_at <= now() AND e.state = 'active'`
 
 // dueTenantsSQL lists tenants with due work, the longest-waiting first, so a
-// worker serving tenants in this order does not starve anyone.
+// worker serving tenants in this order does not starve anyone. It reads
+// outbox_due_tenants (migration 0011) through its (due_at, tenant_id) index
+// from the start to now() and stops at the LIMIT: the cost is that of
+// @limit index entries, whatever the backlog and however many tenants have
+// nothing due. due_at is a lower bound of each tenant's due messages (on
+// active endpoints), exact after the tenant's last claim; a tenant listed on
+// a stale bound costs one claim that finds nothing, and that claim raises it.
 const dueTenantsSQL = `
-SELECT m.tenant_id` + dueSQL + `
-GROUP BY m.tenant_id
-ORDER BY min(m.next_attempt_at), m.tenant_id
-LIMIT $1`
+SELECT d.tenant_id FROM outbox_due_tenants d
+WHERE d.due_at <= now()
+ORDER BY d.due_at, d.tenant_id
+LIMIT @limit`
 
 // DueTenants returns up to limit (1..MaxDueTenants) tenants that have
-// claimable messages, oldest due first. It reads every due message (cost
-// grows with the backlog, not the table); call it once per polling round.
+// claimable messages, oldest due first. A tenant may be listed once more
+// after its due work ran out (its claim then finds nothing and takes it off
+// the list).
 func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	const op = "due tenants"
 	if limit < 1 || limit > MaxDueTenants {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsSQL, limit)
+	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsSQL, pgx.NamedArgs{"limit": limit})
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
@@ -62,6 +73,35 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// lockDueTenantSQL takes the tenant's due row for the raise that follows it
+// in the claim's transaction, or nothing when a writer that lowers due_at
+// holds it (FOR KEY SHARE until it commits, migration 0011): then the row
+// stays as low as it is, and the raise is left to a later claim. It never
+// waits, so a claim never queues behind a busy tenant's enqueues.
+const lockDueTenantSQL = `
+SELECT true FROM outbox_due_tenants d WHERE d.tenant_id = @tenant FOR UPDATE SKIP LOCKED`
+
+// raiseDueTenantSQL sets the tenant's due_at to its earliest pending or
+// delivering message on an active endpoint ('infinity' when none): the
+// claimed messages count with their lease expiry. It runs only after
+// lockDueTenantSQL took the row, as a statement of its own, so its snapshot
+// holds every message of every writer that lowered the row before the lock
+// (none can lower it while it is held). The earliest message is the first
+// entry of the tenant's range of outbox_messages_due_idx whose endpoint is
+// active: one index entry unless a disabled endpoint's messages come first
+// (the claim pays the same walk). The endpoint is a scalar subquery, which
+// the planner never turns into a join, so it is a lookup by its key per
+// message whatever the statistics. An unchanged value is not written.
+const raiseDueTenantSQL = `
+UPDATE outbox_due_tenants d SET due_at = n.due_at
+FROM (SELECT coalesce((
+    SELECT m.next_attempt_at FROM outbox_messages m
+    WHERE m.tenant_id = @tenant AND m.next_attempt_at IS NOT NULL
+      AND (SELECT e.state FROM endpoints e WHERE e.tenant_id = @tenant AND e.endpoint_id = m.endpoint_id) = 'active'
+    ORDER BY m.next_attempt_at
+    LIMIT 1), 'infinity') AS due_at) n
+WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
 
 // claimSQL locks up to $2 due messages of tenant $1, skipping rows another
 // claimer holds, and leases them in the same statement (one round trip, one
@@ -160,32 +200,105 @@ LEFT JOIN LATERAL (
 
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
-// returned messages are in no particular order.
+// returned messages are in no particular order. In the same transaction it
+// raises the tenant's due_at to what is left (raiseDueTenantSQL), so a
+// tenant whose due work ran out leaves the round's list.
 func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
 	const op = "claim"
 	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds(), s.retentionMicros())
+	var out []Claimed
+	err := s.withPgx(ctx, func(c *pgx.Conn) error {
+		var err error
+		out, err = runClaim(ctx, c, tenant, max, lease.Microseconds(), s.retentionMicros())
+		return err
+	})
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
-	defer rows.Close()
+	return out, nil
+}
+
+// runClaim sends BEGIN, the claim and the due row's lock as one pipeline,
+// then the raise (when the lock was taken) and COMMIT as a second: two round
+// trips. Nothing is claimed unless that COMMIT arrives. Every path leaves
+// the connection idle, or marks it bad so the pool drops it.
+func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64) (_ []Claimed, err error) {
+	defer func() {
+		if err != nil {
+			err = releaseAfterError(ctx, c, err)
+		}
+	}()
+	named := pgx.NamedArgs{"tenant": tenant}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(claimSQL, tenant, max, leaseMicros, retentionMicros)
+	b.Queue(lockDueTenantSQL, named)
+	br := c.SendBatch(ctx, b)
+	out, locked, err := readClaim(br, tenant)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	b = &pgx.Batch{}
+	if locked {
+		b.Queue(raiseDueTenantSQL, named)
+	}
+	b.Queue("COMMIT")
+	br = c.SendBatch(ctx, b)
+	if locked {
+		_, err = br.Exec()
+	}
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if tag.String() != "COMMIT" {
+		return nil, errRolledBack
+	}
+	return out, nil
+}
+
+// readClaim reads the pipeline's BEGIN, the claimed rows and whether the
+// due row was locked.
+func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, bool, error) {
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return nil, false, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, false, err
+	}
 	var out []Claimed
 	for rows.Next() {
 		c := Claimed{TenantID: tenant}
 		var ident []byte
 		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &c.SecretRefOwned, &ident, &c.Attempt,
 			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
-			return nil, classify(ctx, op, err)
+			rows.Close()
+			return nil, false, err
 		}
 		c.EventIdentity = hexIdentity(ident)
 		out = append(out, c)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, classify(ctx, op, err)
+		return nil, false, err
 	}
-	return out, nil
+	var locked bool
+	if err := br.QueryRow().Scan(&locked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, err
+	}
+	return out, locked, nil
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.
