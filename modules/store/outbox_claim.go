@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,14 +77,27 @@ func (s *Store) DueTenants(ctx context.Context, limit int) ([]string, error) {
 // in the claim's transaction, or nothing when a writer that lowers due_at
 // holds it (FOR KEY SHARE until it commits, migration 0011): then the row
 // stays as low as it is, and the raise is left to a later claim. It never
-// waits, so a claim never queues behind a busy tenant's enqueues.
+// waits, so a claim never queues behind a busy tenant's enqueues. Taking the
+// row marks the transaction (a setting local to it, dueLockedSetting), so
+// the raise, sent in the same pipeline, knows whether to run without a
+// round trip to ask.
+//
+// The lock is in a CTE (locking CTEs are never inlined) so set_config runs
+// on the rows the lock returned only: in the locking query's own target
+// list it could run before SKIP LOCKED skipped the row.
 const lockDueTenantSQL = `
-SELECT true FROM outbox_due_tenants d WHERE d.tenant_id = @tenant FOR UPDATE SKIP LOCKED`
+WITH l AS (SELECT d.tenant_id FROM outbox_due_tenants d WHERE d.tenant_id = @tenant FOR UPDATE SKIP LOCKED)
+SELECT set_config('` + dueLockedSetting + `', l.tenant_id, true) FROM l`
+
+// dueLockedSetting names the tenant whose due row the claim's transaction
+// holds (lockDueTenantSQL); empty or unset otherwise.
+const dueLockedSetting = "envelopeworker.due_locked"
 
 // raiseDueTenantSQL sets the tenant's due_at to its earliest pending or
 // delivering message on an active endpoint ('infinity' when none): the
-// claimed messages count with their lease expiry. It runs only after
-// lockDueTenantSQL took the row, as a statement of its own, so its snapshot
+// claimed messages count with their lease expiry. It changes the row only
+// when lockDueTenantSQL took it (the setting is checked before the row is
+// locked, so it never waits for a writer), as a statement of its own, so its snapshot
 // holds every message of every writer that lowered the row before the lock
 // (none can lower it while it is held). The earliest message is the first
 // entry of the tenant's range of outbox_messages_due_idx whose endpoint is
@@ -101,7 +113,8 @@ FROM (SELECT coalesce((
       AND (SELECT e.state FROM endpoints e WHERE e.tenant_id = @tenant AND e.endpoint_id = m.endpoint_id) = 'active'
     ORDER BY m.next_attempt_at
     LIMIT 1), 'infinity') AS due_at) n
-WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
+WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at
+  AND current_setting('` + dueLockedSetting + `', true) = @tenant`
 
 // claimSQL locks up to $2 due messages of tenant $1, skipping rows another
 // claimer holds, and leases them in the same statement (one round trip, one
@@ -220,10 +233,12 @@ func (s *Store) Claim(ctx context.Context, tenant string, max int, lease time.Du
 	return out, nil
 }
 
-// runClaim sends BEGIN, the claim and the due row's lock as one pipeline,
-// then the raise (when the lock was taken) and COMMIT as a second: two round
-// trips. Nothing is claimed unless that COMMIT arrives. Every path leaves
-// the connection idle, or marks it bad so the pool drops it.
+// runClaim sends BEGIN, the claim, the due row's lock, the raise and COMMIT
+// as one pipeline: one round trip, as the claim alone took before. A
+// failure part-way aborts the transaction (the server skips the rest of
+// the pipeline, COMMIT included), so nothing is claimed without its raise.
+// Every path leaves the connection idle, or marks it bad so the pool drops
+// it.
 func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64) (_ []Claimed, err error) {
 	defer func() {
 		if err != nil {
@@ -235,27 +250,10 @@ func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMic
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(claimSQL, tenant, max, leaseMicros, retentionMicros)
 	b.Queue(lockDueTenantSQL, named)
-	br := c.SendBatch(ctx, b)
-	out, locked, err := readClaim(br, tenant)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	b = &pgx.Batch{}
-	if locked {
-		b.Queue(raiseDueTenantSQL, named)
-	}
+	b.Queue(raiseDueTenantSQL, named)
 	b.Queue("COMMIT")
-	br = c.SendBatch(ctx, b)
-	if locked {
-		_, err = br.Exec()
-	}
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
+	br := c.SendBatch(ctx, b)
+	out, tag, err := readClaim(br, tenant)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -268,15 +266,16 @@ func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMic
 	return out, nil
 }
 
-// readClaim reads the pipeline's BEGIN, the claimed rows and whether the
-// due row was locked.
-func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, bool, error) {
+// readClaim reads the pipeline's results: BEGIN, the claimed rows, the lock
+// (a row or none), the raise and COMMIT's tag.
+func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, pgconn.CommandTag, error) {
+	var none pgconn.CommandTag
 	if _, err := br.Exec(); err != nil { // BEGIN
-		return nil, false, err
+		return nil, none, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, false, err
+		return nil, none, err
 	}
 	var out []Claimed
 	for rows.Next() {
@@ -285,20 +284,23 @@ func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, bool, error) {
 		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &c.SecretRefOwned, &ident, &c.Attempt,
 			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
 			rows.Close()
-			return nil, false, err
+			return nil, none, err
 		}
 		c.EventIdentity = hexIdentity(ident)
 		out = append(out, c)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, false, err
+		return nil, none, err
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, err
+	if _, err := br.Exec(); err != nil { // the lock: a row or none
+		return nil, none, err
 	}
-	return out, locked, nil
+	if _, err := br.Exec(); err != nil { // the raise
+		return nil, none, err
+	}
+	tag, err := br.Exec() // COMMIT
+	return out, tag, err
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.
