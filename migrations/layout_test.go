@@ -11,7 +11,8 @@ import (
 
 // plainTables are the tables every layout keeps as one heap: they grow with
 // tenants, devices and endpoints, not with traffic.
-var plainTables = []string{"credentials", "producer_keys", "streams", "endpoints", "outbound_streams", "secret_ref_owners"}
+var plainTables = []string{"credentials", "producer_keys", "streams", "endpoints", "outbound_streams", "secret_ref_owners",
+	"outbox_due_tenants"}
 
 func TestParseLayout(t *testing.T) {
 	for _, s := range []string{"plain", "partitioned"} {

@@ -39,6 +39,10 @@ var HotSQL = map[string]string{
 	"topicEndpoints": numbered(topicEndpointsSQL, "tenants", "projects", "topics", "max_endpoints"),
 	"claim":          claimSQL,
 	"outboxAttempts": outboxAttemptsQuery(renderDB, param(1), param(2), MaxAttemptHistory).String(),
+	"dueTenants":     dueTenantsStmt.sql,
+	// The claim's raise of the tenant's due row (outbox_claim.go, 0011).
+	"lockDueTenant":  lockDueTenantStmt.sql,
+	"raiseDueTenant": raiseDueTenantStmt.sql,
 	// Settles, replay and message reads (outbox_settle.go, outbox_deadletters.go, outbox.go).
 	"settle": numbered(settleSQL, "tenant", "message_ids", "attempts", "outcomes", "next_attempt_at", "codes",
 		"disable_endpoint", "started_at", "duration_ms", "http_statuses", "retention_us"),
@@ -84,7 +88,7 @@ var ordinalRE = regexp.MustCompile(`\$[0-9]+`)
 // CrossTenantSQL is the statements that read every tenant's rows by design,
 // which TestHotStatementsTouchOnePartition names and bounds.
 var CrossTenantSQL = map[string]string{
-	"dueTenants":      dueTenantsSQL,
+	"dueTenants":      dueTenantsStmt.sql,
 	"outboxStats":     outboxStatsSQL,
 	"expiredPayloads": deleteExpiredSQL,
 	"expiredAttempts": deleteExpiredAttemptsSQL,

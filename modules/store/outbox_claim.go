@@ -3,6 +3,9 @@ package store
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Claimed is one message a worker now holds until LeaseExpiresAt. Attempt is
@@ -29,22 +32,29 @@ JOIN endpoints e ON e.tenant_id = m.tenant_id AND e.endpoint_id = m.endpoint_id
 WHERE m.status IN ('pending', 'delivering') AND m.next_attempt_at <= now() AND e.state = 'active'`
 
 // dueTenantsSQL lists tenants with due work, the longest-waiting first, so a
-// worker serving tenants in this order does not starve anyone.
+// worker serving tenants in this order does not starve anyone. It reads
+// outbox_due_tenants (migration 0011) through its (due_at, tenant_id) index
+// from the start to now() and stops at the LIMIT: the cost is that of
+// @limit index entries, whatever the backlog and however many tenants have
+// nothing due. due_at is a lower bound of each tenant's due messages (on
+// active endpoints), exact after the tenant's last claim; a tenant listed on
+// a stale bound costs one claim that finds nothing, and that claim raises it.
 const dueTenantsSQL = `
-SELECT m.tenant_id` + dueSQL + `
-GROUP BY m.tenant_id
-ORDER BY min(m.next_attempt_at), m.tenant_id
-LIMIT $1`
+SELECT d.tenant_id FROM outbox_due_tenants d
+WHERE d.due_at <= now()
+ORDER BY d.due_at, d.tenant_id
+LIMIT @limit`
 
 // DueTenants returns up to limit (1..MaxDueTenants) tenants that have
-// claimable messages, oldest due first. It reads every due message (cost
-// grows with the backlog, not the table); call it once per polling round.
+// claimable messages, oldest due first. A tenant may be listed once more
+// after its due work ran out (its claim then finds nothing and takes it off
+// the list).
 func (s *Outbox) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	const op = "due tenants"
 	if limit < 1 || limit > MaxDueTenants {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsSQL, limit)
+	rows, err := s.sqlDB().QueryContext(ctx, dueTenantsStmt.text, dueTenantsStmt.bind(pgx.StrictNamedArgs{"limit": limit}))
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
@@ -62,6 +72,58 @@ func (s *Outbox) DueTenants(ctx context.Context, limit int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// lockDueTenantSQL takes the tenant's due row for the raise that follows it
+// in the claim's transaction, or nothing when a writer that lowers due_at
+// holds it (FOR KEY SHARE until it commits, migration 0011): then the row
+// stays as low as it is, and the raise is left to a later claim. It never
+// waits, so a claim never queues behind a busy tenant's enqueues. Taking the
+// row marks the transaction (a setting local to it, dueLockedSetting), so
+// the raise, sent in the same pipeline, knows whether to run without a
+// round trip to ask.
+//
+// The lock is in a CTE (locking CTEs are never inlined) so set_config runs
+// on the rows the lock returned only: in the locking query's own target
+// list it could run before SKIP LOCKED skipped the row.
+const lockDueTenantSQL = `
+WITH l AS (SELECT d.tenant_id FROM outbox_due_tenants d WHERE d.tenant_id = @tenant FOR UPDATE SKIP LOCKED)
+SELECT set_config('` + dueLockedSetting + `', l.tenant_id, true) FROM l`
+
+// dueLockedSetting names the tenant whose due row the claim's transaction
+// holds (lockDueTenantSQL); empty or unset otherwise.
+const dueLockedSetting = "envelopeworker.due_locked"
+
+// raiseDueTenantSQL sets the tenant's due_at to its earliest pending or
+// delivering message on an active endpoint ('infinity' when none): the
+// claimed messages count with their lease expiry. It changes the row only
+// when lockDueTenantSQL took it (the setting is checked before the row is
+// locked, so it never waits for a writer), as a statement of its own, so its snapshot
+// holds every message of every writer that lowered the row before the lock
+// (none can lower it while it is held). The earliest message is the first
+// entry of the tenant's range of outbox_messages_due_idx whose endpoint is
+// active: one index entry unless a disabled endpoint's messages come first
+// (the claim pays the same walk). The endpoint is a scalar subquery, which
+// the planner never turns into a join, so it is a lookup by its key per
+// message whatever the statistics; as a bare boolean it is estimated to keep
+// half the rows, so the LIMIT 1 walk of the due index is cheaper than a
+// bitmap of the tenant's messages and a sort (an equality with 'active' was
+// estimated to keep one row in 200, and got the bitmap and the sort: 100
+// messages read a raise). The value is computed once, in a materialized CTE,
+// and not at all when the lock was not taken; an unchanged value is not
+// written.
+const raiseDueTenantSQL = `
+WITH n AS MATERIALIZED (
+    SELECT coalesce((
+        SELECT m.next_attempt_at FROM outbox_messages m
+        WHERE m.tenant_id = @tenant AND m.next_attempt_at IS NOT NULL
+          AND (SELECT e.state = 'active' FROM endpoints e WHERE e.tenant_id = @tenant AND e.endpoint_id = m.endpoint_id)
+        ORDER BY m.next_attempt_at
+        LIMIT 1), 'infinity') AS due_at
+    WHERE current_setting('` + dueLockedSetting + `', true) = @tenant
+)
+UPDATE outbox_due_tenants d SET due_at = n.due_at
+FROM n
+WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
 
 // claimSQL locks up to $2 due messages of tenant $1, skipping rows another
 // claimer holds, and leases them in the same statement (one round trip, one
@@ -160,32 +222,94 @@ LEFT JOIN LATERAL (
 
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
-// returned messages are in no particular order.
+// returned messages are in no particular order. In the same transaction it
+// raises the tenant's due_at to what is left (raiseDueTenantSQL), so a
+// tenant whose due work ran out leaves the round's list.
 func (s *Outbox) Claim(ctx context.Context, tenant string, max int, lease time.Duration) ([]Claimed, error) {
 	const op = "claim"
 	if !validIdentity(tenant) || max < 1 || max > MaxClaim || lease < time.Microsecond || lease > MaxLease {
 		return nil, newErr(op, ErrInvalid)
 	}
-	rows, err := s.sqlDB().QueryContext(ctx, claimSQL, tenant, max, lease.Microseconds(), s.retentionMicros())
+	var out []Claimed
+	err := s.withPgx(ctx, func(c *pgx.Conn) error {
+		var err error
+		out, err = runClaim(ctx, c, tenant, max, lease.Microseconds(), s.retentionMicros())
+		return err
+	})
 	if err != nil {
 		return nil, classify(ctx, op, err)
 	}
-	defer rows.Close()
+	return out, nil
+}
+
+// runClaim sends BEGIN, the claim, the due row's lock, the raise and COMMIT
+// as one pipeline: one round trip, as the claim alone took before. A
+// failure part-way aborts the transaction (the server skips the rest of
+// the pipeline, COMMIT included), so nothing is claimed without its raise.
+// Every path leaves the connection idle, or marks it bad so the pool drops
+// it.
+func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64) (_ []Claimed, err error) {
+	defer func() {
+		if err != nil {
+			err = releaseAfterError(ctx, c, err)
+		}
+	}()
+	named := pgx.StrictNamedArgs{"tenant": tenant}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(claimSQL, tenant, max, leaseMicros, retentionMicros)
+	b.Queue(lockDueTenantStmt.text, lockDueTenantStmt.bind(named))
+	b.Queue(raiseDueTenantStmt.text, raiseDueTenantStmt.bind(named))
+	b.Queue("COMMIT")
+	br := c.SendBatch(ctx, b)
+	out, tag, err := readClaim(br, tenant)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if tag.String() != "COMMIT" {
+		return nil, errRolledBack
+	}
+	return out, nil
+}
+
+// readClaim reads the pipeline's results: BEGIN, the claimed rows, the lock
+// (a row or none), the raise and COMMIT's tag.
+func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, pgconn.CommandTag, error) {
+	var none pgconn.CommandTag
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return nil, none, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, none, err
+	}
 	var out []Claimed
 	for rows.Next() {
 		c := Claimed{TenantID: tenant}
 		var ident []byte
 		if err := rows.Scan(&c.MessageID, &c.EndpointID, &c.URL, &c.SecretRef, &c.SecretRefOwned, &ident, &c.Attempt,
 			&c.MaxAttempts, &c.Body, &c.LeaseExpiresAt); err != nil {
-			return nil, classify(ctx, op, err)
+			rows.Close()
+			return nil, none, err
 		}
 		c.EventIdentity = hexIdentity(ident)
 		out = append(out, c)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, classify(ctx, op, err)
+		return nil, none, err
 	}
-	return out, nil
+	if _, err := br.Exec(); err != nil { // the lock: a row or none
+		return nil, none, err
+	}
+	if _, err := br.Exec(); err != nil { // the raise
+		return nil, none, err
+	}
+	tag, err := br.Exec() // COMMIT
+	return out, tag, err
 }
 
 // OutboxStats is the worker's view of the backlog across tenants.

@@ -24,8 +24,8 @@ import (
 // a large table is TestHotStatementPlansUseTheirKeys' business (the
 // janitor's deletes are there); on the seeded partitions here, most of them
 // a few hundred rows, a sequential scan is the planner's right choice.
-// dueTenants reads the whole due set (GROUP BY, then sort; see
-// docs/scaling.md): bounded by the backlog, not by its LIMIT.
+// dueTenants reads outbox_due_tenants (0011), one plain table, by its due
+// index up to its LIMIT (TestHotStatementPlansUseTheirKeys): no partition.
 var crossTenantCases = []struct {
 	name, args, why string
 	limited         bool

@@ -63,6 +63,9 @@ var (
 	bodiesExpiry       = planScan{"outbound_bodies", "outbound_bodies_expires_at_idx", []string{"expires_at"}}
 	messagesByEnvelope = planScan{"outbox_messages", "outbox_messages_envelope_idx", byIdentity}
 	attemptsPkey       = planScan{"outbox_attempts", "outbox_attempts_pkey", byMessage}
+	// The tenants with due work (0011).
+	dueTenantsPkey  = planScan{"outbox_due_tenants", "outbox_due_tenants_pkey", []string{"tenant_id"}}
+	dueTenantsByDue = planScan{"outbox_due_tenants", "outbox_due_tenants_due_idx", []string{"due_at"}}
 )
 
 // digest is a 32-byte bytea expression; the same seed names the same row
@@ -114,6 +117,15 @@ var planCases = []planCase{
 		scans: []planScan{bodiesPkey, {"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}, endpointPkey, ownerPkey,
 			{"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id", "next_attempt_at"}}, messagePkey},
 		emptyTies: []string{"endpoint_id", "message_id"}},
+	// The round and the claim's raise of a tenant's due row (outbox_claim.go,
+	// migration 0011). The round reads the due index from its start and
+	// stops at its LIMIT; the raise locks and updates the tenant's row by its
+	// key and reads the tenant's earliest message from its range of the
+	// message due index, each message's endpoint by key.
+	{name: "dueTenants", args: `100`, scans: []planScan{dueTenantsByDue}},
+	{name: "lockDueTenant", args: `'t1'`, scans: []planScan{dueTenantsPkey}},
+	{name: "raiseDueTenant", args: `'t1'`,
+		scans: []planScan{dueTenantsPkey, {"outbox_messages", "outbox_messages_due_idx", []string{"tenant_id"}}, endpointPkey}},
 	// Settles and replay (outbox_settle.go, outbox_deadletters.go). A settle batch finds its
 	// messages by key (= ANY of its ids), raises each settled body's expiry
 	// by the body's key (§8.9) and disables a 410's endpoint by its key; a
@@ -153,7 +165,7 @@ var planCases = []planCase{
 // them in the test database, so no ANALYZE runs but the test's own.
 var planTables = []string{"streams", "event_identities", "inbound_payloads", "producer_keys", "endpoints",
 	"outbound_streams", "outbound_envelopes", "outbox_messages", "audit_events", "secret_ref_owners",
-	"outbound_bodies", "outbox_attempts"}
+	"outbound_bodies", "outbox_attempts", "outbox_due_tenants"}
 
 // seedPlanTables adds rows from..to-1 to every table the hot statements
 // read, set-based. Nine rows in ten belong to tenant t1, project p1 (one
@@ -208,6 +220,12 @@ SELECT ` + tenant + `, sha256(('oe-' || g)::bytea), '\x7b7d'::bytea,
        CASE WHEN g % 13 <> 0 THEN now() + (g % 1000 - 10) * interval '1 hour' END
 FROM generate_series($1::int, $2::int - 1) g`,
 	}
+	// Tenants with nothing due, as most of a deployment's are: the due rows
+	// the round must not read (migration 0011); the seeded messages' tenants
+	// got theirs from its trigger.
+	stmts = append(stmts, `INSERT INTO outbox_due_tenants (tenant_id, due_at)
+SELECT 'idle-' || g, CASE WHEN g % 2 = 0 THEN 'infinity' ELSE now() + g * interval '1 second' END
+FROM generate_series($1::int, $2::int - 1) g`)
 	for _, q := range stmts {
 		if _, err := db.Exec(q, from, to); err != nil {
 			t.Fatalf("seed %d..%d: %v\n%s", from, to, err, q)

@@ -14,7 +14,7 @@ import (
 )
 
 // grantMatrix is every privilege each role holds after the migrations
-// (migrations/0001 to 0008): table-level privileges, UPDATE granted on
+// (migrations/0001 to 0011): table-level privileges, UPDATE granted on
 // columns only, and SELECT granted on columns only. Anything not listed must
 // not be held.
 var grantMatrix = map[string]struct {
@@ -51,9 +51,12 @@ var grantMatrix = map[string]struct {
 			"outbox_messages":   "SELECT", "endpoints": "SELECT", "outbound_envelopes": "SELECT",
 			"secret_ref_owners": "SELECT", "outbox_attempts": "INSERT",
 			"outbound_bodies": "SELECT",
+			// The round reads it; the claim raises due_at (0011).
+			"outbox_due_tenants": "SELECT",
 		},
 		columns: map[string][]string{
-			"outbound_bodies": {"expires_at"}, // a settle fixes it
+			"outbound_bodies":    {"expires_at"}, // a settle fixes it
+			"outbox_due_tenants": {"due_at"},
 			"outbox_messages": {"attempts", "dead_at", "delivered_at", "last_error_code", "lease_expires_at",
 				"lease_expiries", "next_attempt_at", "status", "updated_at"},
 			"endpoints": {"disabled_reason", "state", "updated_at"},

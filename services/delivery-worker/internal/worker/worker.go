@@ -191,10 +191,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	// The due-tenant list costs a scan of the whole backlog, so a cycle
-	// reuses the previous one's full tenants (their claims came back full:
-	// more is due) and asks again only when none is left or the list is
-	// TenantRefresh old. A tenant that just got due work waits at most that
+	// The due-tenant list costs a round trip (an index scan of the due
+	// tenants, store.DueTenants), so a cycle reuses the previous one's full
+	// tenants (their claims came back full: more is due) and asks again
+	// only when none is left or the list is TenantRefresh old. A tenant that just got due work waits at most that
 	// long plus one cycle.
 	var tenants []string
 	var listedAt time.Time
