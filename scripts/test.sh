@@ -51,6 +51,8 @@ eval "$(PG_THROWAWAY=${PG_THROWAWAY:-prefer} scripts/pg.sh)"
 ENVELOPEWORKER_TEST_BIN=$(mktemp -d)
 export ENVELOPEWORKER_TEST_BIN
 cleanup() {
+	# The partitioned pass runs in the background (below): it must not outlive an interrupted run.
+	if [ -n "${part_pid:-}" ]; then pkill -P "$part_pid" 2>/dev/null || true; fi
 	rm -rf "$ENVELOPEWORKER_TEST_BIN"
 	if [ "${PG_STARTED_BY_US:-0}" = 1 ]; then scripts/pg.sh stop; fi
 }
@@ -103,6 +105,34 @@ done < <(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{"\t"}}
 long_tests='^TestChaos$'
 echo "left to make chaos: $long_tests"
 
+# The partitioned layout (migrations/layout.go) once more: the store, the janitor, and the end-to-end
+# tests of ingest, batch, outbox claim/settle, replay and retention. TEST_LAYOUTS=plain skips it.
+# It runs beside the plain-layout passes, not after them: the tests mostly wait on PostgreSQL (creating
+# and dropping databases, leases, timeouts), so two cores are far from busy with one pass alone, and
+# each test has a database of its own. Its packages are compiled first (running no test), so the two
+# passes do not compile the same test binaries at once; its output is printed when it ends.
+part_pid=""
+if [ "${TEST_LAYOUTS:-plain partitioned}" != plain ] && [ -z "${MODULES:-}" ]; then
+	part_pkgs=(./modules/store ./services/retention-janitor/... ./tools/internal/e2e)
+	step "compile the partitioned layout's packages"
+	go test -race -count=1 -run '^$' "${part_pkgs[@]}" >/dev/null || failed+=("partitioned layout (build)")
+	step "go test -race, partitioned layout: store, janitor, end-to-end subset (beside the passes below)"
+	# The store's tests whose SQL does not touch a partitioned table (credentials, keys, endpoints,
+	# readiness, settings, the storetest helpers) run once, on the plain layout; so do the plan tests
+	# that make their own partitioned database in every run (one partition a statement; plans with
+	# and without the parents' statistics).
+	plain_only='^Test(Credential|MalformedToken|IssueCredential|KeyLifecycle|AddKeyRefusesWeakKeys|PruneKeys|ProducerKeyGuard|SignedBy|VerifiedWithKeyCheck|Endpoint|UpdateEndpoint|AdminListings|SecretRef|Readiness|CheckSchema|WALCompression|AsyncCommit|Storetest|PgbenchScript|CursorAgainstModel|StatementTimeout|UnavailableDatabase|ClosedStore|SchemaMismatch|HotStatementsTouchOnePartition|UnanalyzedParentsPlanAsAnalyzed)'
+	part_log="$ENVELOPEWORKER_TEST_BIN/partitioned.log"
+	(
+		rc=0
+		TEST_LAYOUT=partitioned go test -race -count=1 -p "$parallel" -timeout 15m -skip "$plain_only" ./modules/store ./services/retention-janitor/... || rc=1
+		TEST_LAYOUT=partitioned go test -race -count=1 -timeout 15m ./tools/internal/e2e \
+			-run '^(TestToolsAgainstIngestAPI|TestAdminSurfaceThroughTheBinary|TestAttemptHistoryEndToEnd|TestOutboundRetentionEndToEnd)$' || rc=1
+		exit $rc
+	) >"$part_log" 2>&1 &
+	part_pid=$!
+fi
+
 short() { local p; for p in "$@"; do printf ' %s' "${p#github.com/envelopeworker/envelopeworker/}"; done; }
 if [ ${#race_pkgs[@]} -gt 0 ]; then
 	step "go test -race, ${#race_pkgs[@]} packages with goroutines or shared state:$(short "${race_pkgs[@]}")"
@@ -113,17 +143,11 @@ if [ ${#plain_pkgs[@]} -gt 0 ]; then
 	go test -count=1 -p "$parallel" -timeout 15m "${plain_pkgs[@]}" || failed+=("test")
 fi
 
-# The partitioned layout (migrations/layout.go) once more: the store, the janitor, and the end-to-end
-# tests of ingest, batch, outbox claim/settle, replay and retention. TEST_LAYOUTS=plain skips it.
-if [ "${TEST_LAYOUTS:-plain partitioned}" != plain ] && [ -z "${MODULES:-}" ]; then
-	step "go test -race, partitioned layout: store, janitor, end-to-end subset"
-	# The store's tests whose SQL does not touch a partitioned table (credentials, keys, endpoints,
-	# readiness, settings, the storetest helpers) run once, on the plain layout; so does the
-	# one-partition plan test, which makes its own partitioned database in every run.
-	plain_only='^Test(Credential|MalformedToken|IssueCredential|KeyLifecycle|AddKeyRefusesWeakKeys|PruneKeys|ProducerKeyGuard|SignedBy|VerifiedWithKeyCheck|Endpoint|UpdateEndpoint|AdminListings|SecretRef|Readiness|CheckSchema|WALCompression|AsyncCommit|Storetest|PgbenchScript|CursorAgainstModel|StatementTimeout|UnavailableDatabase|ClosedStore|SchemaMismatch|HotStatementsTouchOnePartition)'
-	TEST_LAYOUT=partitioned go test -race -count=1 -p "$parallel" -timeout 15m -skip "$plain_only" ./modules/store ./services/retention-janitor/... || failed+=("partitioned layout")
-	TEST_LAYOUT=partitioned go test -race -count=1 -timeout 15m ./tools/internal/e2e \
-		-run '^(TestToolsAgainstIngestAPI|TestAdminSurfaceThroughTheBinary|TestAttemptHistoryEndToEnd|TestOutboundRetentionEndToEnd)$' || failed+=("partitioned layout (e2e)")
+
+if [ -n "$part_pid" ]; then
+	wait "$part_pid" || failed+=("partitioned layout")
+	step "partitioned layout finished; its output:"
+	cat "$part_log"
 fi
 
 if [ "$fuzztime" != 0 ]; then

@@ -21,6 +21,40 @@
 //     for device keys (ValidatePublicKey, ParsePublicKey) and splitting batch
 //     bodies (SplitBatch).
 //
+// # Which signatures verify
+//
+// The contract says Ed25519 and RFC 8032, whose verification rules leave
+// room: implementations differ on non-canonical point encodings, on
+// small-order components and on whether the check is cofactored. Where it
+// is silent, VerifySignature, Envelope.Verify and BatchVerifier accept
+// exactly the ZIP-215 set:
+//
+//   - S must be canonical (S < L);
+//   - A and R are decoded with non-canonical encodings accepted (y ≥ p, or
+//     x = 0 with the sign bit set), and hashed as sent;
+//   - the check is cofactored: [8](S·B − k·A − R) = identity, with
+//     k = SHA-512(R‖A‖M) mod L.
+//
+// The cofactored equation is what makes one accept set possible for single
+// and batch checks: a batch sums the items' equations times random 128-bit
+// coefficients, and only with the cofactor does a passing sum imply (but
+// for a 2^-128 chance) that every item passes on its own. BatchVerifier
+// falls back to single checks when a batch fails, so every item gets its own
+// verdict, which is always VerifySignature's.
+//
+// Every signature made by RFC 8032 signing is accepted by both ZIP-215 and
+// crypto/ed25519's cofactorless rules (and everything crypto/ed25519
+// accepts, ZIP-215 accepts). They differ only on signatures a signer
+// crafted on purpose, with a small-order or mixed-order R or a
+// non-canonical R encoding (accepted here, refused by crypto/ed25519), or
+// under a small-order key, which ValidatePublicKey refuses at registration.
+// Making one takes the signer's own secret key, so it can only affect that
+// signer's own envelopes: it does not let anyone forge for another key.
+package envelope
+
+// Design notes. They are kept here, beside the code, rather than in the
+// package documentation, which says what the package owns and how to call it.
+//
 // # Why the reader is strict
 //
 // A signature binds bytes, so every ambiguity in reading JSON is a way for
@@ -59,36 +93,6 @@
 // SigningPrefix followed by the canonical envelope without its signature
 // member; the stored form is the canonical envelope with it.
 //
-// # Which signatures verify
-//
-// The contract says Ed25519 and RFC 8032, whose verification rules leave
-// room: implementations differ on non-canonical point encodings, on
-// small-order components and on whether the check is cofactored. Where it
-// is silent, VerifySignature, Envelope.Verify and BatchVerifier accept
-// exactly the ZIP-215 set:
-//
-//   - S must be canonical (S < L);
-//   - A and R are decoded with non-canonical encodings accepted (y ≥ p, or
-//     x = 0 with the sign bit set), and hashed as sent;
-//   - the check is cofactored: [8](S·B − k·A − R) = identity, with
-//     k = SHA-512(R‖A‖M) mod L.
-//
-// The cofactored equation is what makes one accept set possible for single
-// and batch checks: a batch sums the items' equations times random 128-bit
-// coefficients, and only with the cofactor does a passing sum imply (but
-// for a 2^-128 chance) that every item passes on its own. BatchVerifier
-// falls back to single checks when a batch fails, so every item gets its own
-// verdict, which is always VerifySignature's.
-//
-// Every signature made by RFC 8032 signing is accepted by both ZIP-215 and
-// crypto/ed25519's cofactorless rules (and everything crypto/ed25519
-// accepts, ZIP-215 accepts). They differ only on signatures a signer
-// crafted on purpose, with a small-order or mixed-order R or a
-// non-canonical R encoding (accepted here, refused by crypto/ed25519), or
-// under a small-order key, which ValidatePublicKey refuses at registration.
-// Making one takes the signer's own secret key, so it can only affect that
-// signer's own envelopes: it does not let anyone forge for another key.
-//
 // # Decisions where the contract is silent
 //
 //   - Limits.Tighten treats zero or negative fields as "keep"; the public
@@ -120,4 +124,3 @@
 //     rule and the contract member it concerns (contract §8.11); they never
 //     echo request content or say where a body broke, so they are safe in
 //     logs and answers.
-package envelope

@@ -29,6 +29,10 @@
 // keeps tenant and device ids out of the store in clear text, which matters
 // once the store is shared (see below). A Limiter is generic over its key type,
 // so a peer limiter cannot be asked about a SyncKey by mistake.
+package limiter
+
+// Design notes. They are kept here, beside the code, rather than in the
+// package documentation, which says what the package owns and how to call it.
 //
 // # Token buckets
 //
@@ -68,4 +72,3 @@
 // network round trip per Take and a new failure mode: a Take error is
 // returned to the caller, which must fail closed (ingest-api answers 503
 // unavailable) rather than let traffic through unlimited.
-package limiter

@@ -31,6 +31,20 @@
 // statement outside the pool: a session-level advisory lock on a
 // connection of its own, for a run that must not overlap another.
 //
+// # Errors
+//
+// Every failure is an *Error whose message is fixed text: never SQL, driver
+// messages or values. Test the kind with errors.Is against ErrNotFound,
+// ErrConflict, ErrInvalid, ErrUnavailable or ErrInternal. Connection
+// failures, timeouts, cancelled contexts, server restarts and exhausted
+// retries are ErrUnavailable (a cancelled context also matches
+// context.Canceled). The driver cause stays reachable with errors.As for
+// diagnostics; log SQLState(err), never the cause's message.
+package store
+
+// Design notes. They are kept here, beside the code, rather than in the
+// package documentation, which says what the package owns and how to call it.
+//
 // # Transactions
 //
 // Ingest (and a batch of one envelope) sends BEGIN, the stream lock (an
@@ -70,7 +84,7 @@
 // letters, attempt history) are bun models, one per table, and bun queries
 // on pgdialect: a few rows of one table at operator pace. The hot paths
 // (ingest, enqueue, claim, settle) stay hand-written SQL on pgx, their
-// arguments named (the claim's not yet) as pgx.StrictNamedArgs takes them,
+// arguments named as pgx.StrictNamedArgs takes them,
 // a missing name an error rather than a NULL, but rewritten to $n once, not
 // per call (named.go).
 // Each is one set-based statement (unnest arrays, data-modifying CTEs,
@@ -83,16 +97,6 @@
 // for a per-request read, which is why VerifyCredential, LookupKey and
 // SignedBy keep bind parameters too.
 //
-// # Errors
-//
-// Every failure is an *Error whose message is fixed text: never SQL, driver
-// messages or values. Test the kind with errors.Is against ErrNotFound,
-// ErrConflict, ErrInvalid, ErrUnavailable or ErrInternal. Connection
-// failures, timeouts, cancelled contexts, server restarts and exhausted
-// retries are ErrUnavailable (a cancelled context also matches
-// context.Canceled). The driver cause stays reachable with errors.As for
-// diagnostics; log SQLState(err), never the cause's message.
-//
 // # Choices where the contract is silent
 //
 //   - A stream row is created by the first envelope that reaches step 5, even
@@ -103,4 +107,3 @@
 //     or not the janitor has deleted the row yet.
 //   - Audit rows carry the transaction's time (now()), so the rows of one
 //     batch share a timestamp and are ordered by their id.
-package store

@@ -37,7 +37,7 @@ var HotSQL = map[string]string{
 	"lockOutbound":   numbered(lockOutboundStreamsSQL, "tenants", "projects", "producers"),
 	"outboundByKey":  numbered(outboundByKeySQL, "tenants", "projects", "idempotency_digests"),
 	"topicEndpoints": numbered(topicEndpointsSQL, "tenants", "projects", "topics", "max_endpoints"),
-	"claim":          claimSQL,
+	"claim":          numbered(claimSQL, "tenant", "max", "lease_us", "retention_us"),
 	"outboxAttempts": outboxAttemptsQuery(renderDB, param(1), param(2), MaxAttemptHistory).String(),
 	"dueTenants":     dueTenantsStmt.sql,
 	// The claim's raise of the tenant's due row (outbox_claim.go, 0011).

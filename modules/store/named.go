@@ -93,6 +93,7 @@ var (
 	outboundByKeyStmt       = newNamedSQL(outboundByKeySQL)
 	topicEndpointsStmt      = newNamedSQL(topicEndpointsSQL)
 	writeOutboundStmt       = newNamedSQL(writeOutboundSQL)
+	claimStmt               = newNamedSQL(claimSQL)
 	dueTenantsStmt          = newNamedSQL(dueTenantsSQL)
 	lockDueTenantStmt       = newNamedSQL(lockDueTenantSQL)
 	raiseDueTenantStmt      = newNamedSQL(raiseDueTenantSQL)

@@ -125,7 +125,7 @@ UPDATE outbox_due_tenants d SET due_at = n.due_at
 FROM n
 WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
 
-// claimSQL locks up to $2 due messages of tenant $1, skipping rows another
+// claimSQL locks up to @max due messages of @tenant, skipping rows another
 // claimer holds, and leases them in the same statement (one round trip, one
 // short transaction: no lock outlives the claim). A row another claimer
 // updated and committed between our scan and our lock is re-checked against
@@ -142,7 +142,7 @@ WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
 //
 // The plan is pinned to index lookups whatever the statistics say (a new
 // tenant's rows are often not analyzed yet, and a generic plan does not know
-// $2): the due scan follows outbox_messages_due_idx in ORDER BY order and
+// @max): the due scan follows outbox_messages_due_idx in ORDER BY order and
 // stops at the LIMIT; the update finds its rows by primary key through
 // = ANY(array); endpoint, body and the secret ref's owner come from per-row
 // primary-key lookups (the endpoint's a LATERAL subquery that OFFSET 0
@@ -155,14 +155,12 @@ WHERE d.tenant_id = @tenant AND d.due_at <> n.due_at`
 // 0008, expand/contract); coalesce evaluates the second lookup only then.
 // A message made dead here as exhausted settles like any other
 // (raiseExpiry).
-//
-//	$1 tenant  $2 max  $3 lease in microseconds  $4 payload retention in microseconds
 const claimSQL = `
 WITH due AS (
     SELECT m.message_id, (m.status = 'delivering' AND m.attempts >= m.max_attempts) AS exhausted,
-           m.status = 'delivering' AS expired, m.attempts, m.updated_at, m.lease_expires_at` + dueSQL + ` AND m.tenant_id = $1
+           m.status = 'delivering' AS expired, m.attempts, m.updated_at, m.lease_expires_at` + dueSQL + ` AND m.tenant_id = @tenant
     ORDER BY m.next_attempt_at, m.message_id
-    LIMIT $2
+    LIMIT @max
     FOR UPDATE OF m SKIP LOCKED
 ), exhausted AS (
     UPDATE outbox_messages m SET
@@ -173,20 +171,20 @@ WITH due AS (
         lease_expiries   = m.lease_expiries + 1,
         last_error_code  = 'timeout',
         updated_at       = now()
-    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))
+    WHERE m.tenant_id = @tenant AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))
 ), exhausted_expiry AS (
     -- As raiseExpiry, for each envelope of a message made dead here: each
     -- body locked by its key in a LATERAL lookup, then joined back on the
     -- whole key (no constant on b, so the join is a key lookup per row).
     UPDATE outbound_bodies b
-    SET expires_at = greatest(b.expires_at, now() + $4::bigint * interval '1 microsecond')
+    SET expires_at = greatest(b.expires_at, now() + @retention_us::bigint * interval '1 microsecond')
     FROM (
         SELECT l.tenant_id, l.event_identity
         FROM (SELECT m.event_identity FROM outbox_messages m
-              WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))) s
+              WHERE m.tenant_id = @tenant AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE exhausted))) s
         CROSS JOIN LATERAL (
             SELECT l.tenant_id, l.event_identity FROM outbound_bodies l
-            WHERE l.tenant_id = $1 AND l.event_identity = s.event_identity
+            WHERE l.tenant_id = @tenant AND l.event_identity = s.event_identity
             OFFSET 0 FOR UPDATE SKIP LOCKED) l
     ) k
     WHERE b.tenant_id = k.tenant_id AND b.event_identity = k.event_identity
@@ -195,28 +193,28 @@ WITH due AS (
         attempts         = m.attempts + 1,
         lease_expiries   = m.lease_expiries + CASE WHEN m.status = 'delivering' THEN 1 ELSE 0 END,
         status           = 'delivering',
-        next_attempt_at  = now() + $3::bigint * interval '1 microsecond',
-        lease_expires_at = now() + $3::bigint * interval '1 microsecond',
+        next_attempt_at  = now() + @lease_us::bigint * interval '1 microsecond',
+        lease_expires_at = now() + @lease_us::bigint * interval '1 microsecond',
         updated_at       = now()
-    WHERE m.tenant_id = $1 AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
+    WHERE m.tenant_id = @tenant AND m.message_id = ANY (ARRAY(SELECT message_id FROM due WHERE NOT exhausted))
     RETURNING m.message_id, m.endpoint_id, m.event_identity, m.attempts, m.max_attempts, m.lease_expires_at
 ), lease_expired AS (
     INSERT INTO outbox_attempts (tenant_id, message_id, attempt, started_at, duration_ms, http_status, error_code, result)
-    SELECT $1, d.message_id, d.attempts, d.updated_at,
+    SELECT @tenant, d.message_id, d.attempts, d.updated_at,
            greatest((extract(epoch FROM d.lease_expires_at - d.updated_at) * 1000)::bigint, 0),
            NULL, '` + CodeTimeout + `', '` + string(AttemptLeaseExpired) + `'
     FROM due d WHERE d.expired
     ON CONFLICT DO NOTHING
 )
 SELECT c.message_id, c.endpoint_id, e.url, e.secret_ref,
-       coalesce((SELECT r.tenant_id = $1 FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
+       coalesce((SELECT r.tenant_id = @tenant FROM secret_ref_owners r WHERE r.secret_ref = e.secret_ref), false),
        c.event_identity, c.attempts, c.max_attempts,
-       coalesce((SELECT b.envelope FROM outbound_bodies b WHERE b.tenant_id = $1 AND b.event_identity = c.event_identity),
-                (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = $1 AND o.event_identity = c.event_identity)),
+       coalesce((SELECT b.envelope FROM outbound_bodies b WHERE b.tenant_id = @tenant AND b.event_identity = c.event_identity),
+                (SELECT o.envelope FROM outbound_envelopes o WHERE o.tenant_id = @tenant AND o.event_identity = c.event_identity)),
        c.lease_expires_at
 FROM claimed c
 LEFT JOIN LATERAL (
-    SELECT e.url, e.secret_ref FROM endpoints e WHERE e.tenant_id = $1 AND e.endpoint_id = c.endpoint_id
+    SELECT e.url, e.secret_ref FROM endpoints e WHERE e.tenant_id = @tenant AND e.endpoint_id = c.endpoint_id
     OFFSET 0
 ) e ON true`
 
@@ -257,7 +255,8 @@ func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMic
 	named := pgx.StrictNamedArgs{"tenant": tenant}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(claimSQL, tenant, max, leaseMicros, retentionMicros)
+	b.Queue(claimStmt.text, claimStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "max": max,
+		"lease_us": leaseMicros, "retention_us": retentionMicros}))
 	b.Queue(lockDueTenantStmt.text, lockDueTenantStmt.bind(named))
 	b.Queue(raiseDueTenantStmt.text, raiseDueTenantStmt.bind(named))
 	b.Queue("COMMIT")
