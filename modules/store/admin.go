@@ -14,9 +14,6 @@ import (
 // the id), so every page is a range scan of the primary key whatever the
 // table's size or statistics.
 
-// MaxAdminPage bounds one page of ListEndpoints, ListKeys and ListCredentials.
-const MaxAdminPage = 1000
-
 // AdminPage selects one page of a tenant's rows in id order: After is the
 // last id of the previous page ("" for the first); Limit is 1..MaxAdminPage.
 type AdminPage struct {

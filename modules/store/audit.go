@@ -27,9 +27,6 @@ type AuditFilter struct {
 	BeforeID            int64
 }
 
-// MaxAuditLimit bounds one ListAudit page.
-const MaxAuditLimit = 1000
-
 // auditModel is an audit row as the listing reads it. Rows are written only
 // by the ingest and outbox statements (insertAuditSQL and the set-based
 // writes), in the transaction of what they record.

@@ -37,9 +37,6 @@ type Endpoint struct {
 	CreatedAt                                      time.Time
 }
 
-// MaxEndpointURL bounds an endpoint URL in bytes.
-const MaxEndpointURL = 2048
-
 // topicRE is the outbox topic rule (the contract names topics like
 // "task.proposals" without fixing a grammar): the identity rule, longer.
 var topicRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)

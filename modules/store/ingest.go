@@ -34,13 +34,6 @@ const (
 	ReasonSequenceTooFarAhead = "sequence_too_far_ahead"
 )
 
-// DefaultMaxAhead is the contract's default sequence_too_far_ahead bound.
-const DefaultMaxAhead = 1024
-
-// MaxBatch bounds IngestBatch. The HTTP batch route allows 100 envelopes; the
-// margin leaves room for group commit of several requests.
-const MaxBatch = 1000
-
 // Actor is who asked (the verified credential) and the request's correlation id.
 type Actor struct{ TenantID, AccountID, DeviceID, CorrelationID string }
 

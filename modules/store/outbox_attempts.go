@@ -34,10 +34,6 @@ const (
 	AttemptLeaseExpired AttemptResult = "lease_expired"
 )
 
-// MaxAttemptHistory is how many of a message's attempts OutboxAttempts
-// returns: the latest ones.
-const MaxAttemptHistory = 100
-
 // Attempt is one entry of GET /v1/outbox/{id}/attempts.
 type Attempt struct {
 	Attempt    int

@@ -20,10 +20,6 @@ import (
 // §8.6) and POST /v1/outbox/batch (§8.5) all take this path, so each item is
 // answered as if it had been sent alone, in item order.
 
-// MaxEnqueueBatch bounds the items of one EnqueueBatch (and so of one
-// POST /v1/outbox/batch, contract §8.5).
-const MaxEnqueueBatch = 100
-
 // lockOutboundStreamsSQL locks the outbound streams that exist, in the order
 // given (EnqueueBatch sorts them, so concurrent transactions never wait on
 // each other in a cycle), and reads each one's last sequence after its lock

@@ -168,9 +168,6 @@ func (s *Retention) execCount(ctx context.Context, query string, args ...any) (i
 	return int(n), err
 }
 
-// MaxBackfillBatch bounds one BackfillBodies transaction.
-const MaxBackfillBatch = 1000
-
 // backfillBodiesSQL moves the bodies of up to $3 envelopes after the key
 // ($1, $2), in key order, from the old column to outbound_bodies and clears
 // the column, in one transaction. Only envelopes whose messages are all

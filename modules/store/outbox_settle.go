@@ -212,9 +212,6 @@ type Settlement struct {
 	HTTPStatus      int // 0: no answer (timeout, connection failure, never sent)
 }
 
-// MaxSettleBatch bounds one SettleBatch.
-const MaxSettleBatch = 1000
-
 func (st Settlement) valid() bool {
 	if !messageIDRE.MatchString(st.MessageID) || st.Attempt < 1 || st.Duration < 0 ||
 		(st.HTTPStatus != 0 && (st.HTTPStatus < 100 || st.HTTPStatus > 599)) {

@@ -5,9 +5,6 @@ import (
 	"time"
 )
 
-// MaxDeleteBatch bounds one retention pass (contract §5).
-const MaxDeleteBatch = 1000
-
 // The janitor's role may select and delete payload rows and nothing else, and
 // SELECT ... FOR UPDATE SKIP LOCKED needs UPDATE privilege, so the batch is
 // chosen without row locks. Payload rows are never updated and only the

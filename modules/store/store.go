@@ -45,9 +45,6 @@ type Options struct {
 	OutboxPayloadRetention time.Duration
 }
 
-// DefaultOutboxPayloadRetention is OUTBOX_PAYLOAD_RETENTION's default (§8.9).
-const DefaultOutboxPayloadRetention = 2160 * time.Hour
-
 func (o Options) withDefaults() Options {
 	if o.MaxOpenConns <= 0 {
 		o.MaxOpenConns = 16

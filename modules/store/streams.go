@@ -99,9 +99,6 @@ type StreamEnvelope struct {
 	PayloadExpired bool
 }
 
-// MaxReadLimit bounds ReadStream (the HTTP route allows 100).
-const MaxReadLimit = 1000
-
 // One snapshot for the cursor and the rows, so the page never runs past the
 // cursor it reports. A payload past expires_at counts as expired even before
 // the janitor deletes it. The byte budget is applied here, by a running sum
