@@ -60,6 +60,32 @@ func benchInput(run int64, producer string, seq int64) store.IngestInput {
 // on its own stream in sequence order, singly (batch 1) or in batches.
 func runProducers(b *testing.B, s *store.Store, producers, batch int) {
 	run := benchRun.Add(1) + time.Now().UnixNano()
+	runConcurrent(b, producers, func(p, per int) error {
+		producer := fmt.Sprintf("bench-%d-%d", run%1e9, p)
+		a := store.Actor{TenantID: "bench", AccountID: "a1", DeviceID: producer, CorrelationID: "bench"}
+		items := make([]store.BatchItem, 0, batch)
+		for seq := int64(1); seq <= int64(per); {
+			items = items[:0]
+			for ; len(items) < batch && seq <= int64(per); seq++ {
+				in := benchInput(run, producer, seq)
+				items = append(items, store.BatchItem{Actor: a, Ingest: &in})
+			}
+			rs, err := s.Inbound().IngestBatch(context.Background(), items)
+			if err != nil {
+				return err
+			}
+			if rs[len(rs)-1].Outcome != store.OutcomeAccepted {
+				return fmt.Errorf("outcome %+v", rs[len(rs)-1])
+			}
+		}
+		return nil
+	})
+}
+
+// runConcurrent times producers goroutines, each calling work(p, per) for its
+// share (per) of b.N envelopes, and reports envelopes/s; the first error
+// fails the benchmark.
+func runConcurrent(b *testing.B, producers int, work func(p, per int) error) {
 	per := (b.N + producers - 1) / producers
 	var wg sync.WaitGroup
 	var failed atomic.Value
@@ -69,24 +95,8 @@ func runProducers(b *testing.B, s *store.Store, producers, batch int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			producer := fmt.Sprintf("bench-%d-%d", run%1e9, p)
-			a := store.Actor{TenantID: "bench", AccountID: "a1", DeviceID: producer, CorrelationID: "bench"}
-			items := make([]store.BatchItem, 0, batch)
-			for seq := int64(1); seq <= int64(per); {
-				items = items[:0]
-				for ; len(items) < batch && seq <= int64(per); seq++ {
-					in := benchInput(run, producer, seq)
-					items = append(items, store.BatchItem{Actor: a, Ingest: &in})
-				}
-				rs, err := s.Inbound().IngestBatch(context.Background(), items)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				if rs[len(rs)-1].Outcome != store.OutcomeAccepted {
-					failed.Store(fmt.Errorf("outcome %+v", rs[len(rs)-1]))
-					return
-				}
+			if err := work(p, per); err != nil {
+				failed.Store(err)
 			}
 		}()
 	}

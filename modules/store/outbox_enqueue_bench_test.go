@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,39 +29,23 @@ func BenchmarkOutboxEnqueue(b *testing.B) {
 	for _, producers := range []int{1, 4} {
 		b.Run(fmt.Sprintf("producers=%d", producers), func(b *testing.B) {
 			run := benchRun.Add(1)
-			per := (b.N + producers - 1) / producers
-			var wg sync.WaitGroup
-			var failed atomic.Value
-			b.ResetTimer()
-			start := time.Now()
-			for p := range producers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					device := fmt.Sprintf("svc-%d-%d", run, p)
-					a := store.Actor{TenantID: tenant, DeviceID: device, CorrelationID: "bench"}
-					for i := range per {
-						key := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", device, i)))
-						_, err := s.Outbox().Enqueue(ctx, a, store.EnqueueRequest{ProjectID: "p1", ProducerID: device, Topic: "bench",
-							MaxAttempts: 12, IdempotencyDigest: key, RequestDigest: key,
-							Build: func(seq int64) ([]byte, string, error) {
-								return fmt.Appendf(nil, `{"payload":"%x","sequence":%d}`, benchCanonical[:512], seq),
-									hex.EncodeToString(key[:]), nil
-							}})
-						if err != nil {
-							failed.Store(err)
-							return
-						}
+			runConcurrent(b, producers, func(p, per int) error {
+				device := fmt.Sprintf("svc-%d-%d", run, p)
+				a := store.Actor{TenantID: tenant, DeviceID: device, CorrelationID: "bench"}
+				for i := range per {
+					key := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", device, i)))
+					_, err := s.Outbox().Enqueue(ctx, a, store.EnqueueRequest{ProjectID: "p1", ProducerID: device, Topic: "bench",
+						MaxAttempts: 12, IdempotencyDigest: key, RequestDigest: key,
+						Build: func(seq int64) ([]byte, string, error) {
+							return fmt.Appendf(nil, `{"payload":"%x","sequence":%d}`, benchCanonical[:512], seq),
+								hex.EncodeToString(key[:]), nil
+						}})
+					if err != nil {
+						return err
 					}
-				}()
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			if err, ok := failed.Load().(error); ok {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(per*producers)/elapsed.Seconds(), "envelopes/s")
+				}
+				return nil
+			})
 		})
 	}
 }
