@@ -140,15 +140,7 @@ func TestChainEveryEffectOnceWithBothSidesKilled(t *testing.T) {
 	if !isOneTo(rxSeqs, events) {
 		t.Errorf("effects' outbound sequences %v: not 1..%d", rxSeqs, events)
 	}
-	rx.mu.Lock()
-	restarts := rx.restarts
-	rx.mu.Unlock()
-	// As in TestReceiverEffectsExactlyOnceAcrossSIGKILL: a crash also kills
-	// the answers in flight beside it, so there may be fewer crashes than
-	// multiples of crashEvery, but there must be one.
-	if restarts < 1 || restarts > events/crashEvery {
-		t.Fatalf("receiver restarted %d times, want 1..%d", restarts, events/crashEvery)
-	}
+	restarts := rx.checkRestarts(t, events, crashEvery)
 	t.Logf("%d events: producer killed 3 times between send and answer, receiver %d times between effect and answer; every effect once", events, restarts)
 }
 

@@ -29,6 +29,24 @@ type rxSupervisor struct {
 	logs     *lockedBuffer
 }
 
+// checkRestarts returns how often the receiver was restarted after it
+// crashed on every crashEvery-th of n effects, and fails unless that was at
+// least once and at most n/crashEvery times. Each crash kills the requests in
+// flight beside it too: one of them whose effect had already committed (its
+// sequence a multiple of crashEvery) is a duplicate on its retry and crashes
+// nothing, so concurrent deliveries can make fewer crashes than multiples. At
+// least one crash is what a test needs to mean something.
+func (s *rxSupervisor) checkRestarts(t *testing.T, n, crashEvery int) int {
+	t.Helper()
+	s.mu.Lock()
+	restarts := s.restarts
+	s.mu.Unlock()
+	if restarts < 1 || restarts > n/crashEvery {
+		t.Fatalf("receiver restarted %d times, want 1..%d (one per crash)", restarts, n/crashEvery)
+	}
+	return restarts
+}
+
 func startReceiver(t *testing.T, env []string) *rxSupervisor {
 	t.Helper()
 	bin := buildtest.Binary(t, "tools/internal/e2e/testreceiver", t.TempDir())
@@ -150,16 +168,6 @@ func TestReceiverEffectsExactlyOnceAcrossSIGKILL(t *testing.T) {
 			t.Fatalf("effect sequences %v: not 1..%d", seqs, messages)
 		}
 	}
-	rx.mu.Lock()
-	restarts := rx.restarts
-	rx.mu.Unlock()
-	// Each crash kills the requests in flight beside it too: one of them
-	// whose effect had already committed (its sequence a multiple of
-	// crashEvery) is a duplicate on its retry and crashes nothing, so
-	// concurrent deliveries can make fewer crashes than multiples. At least
-	// one crash is what the test needs to mean something.
-	if restarts < 1 || restarts > messages/crashEvery {
-		t.Fatalf("receiver restarted %d times, want 1..%d (one per crash)", restarts, messages/crashEvery)
-	}
+	restarts := rx.checkRestarts(t, messages, crashEvery)
 	t.Logf("%d messages, %d receiver crashes between effect and answer, every effect once", messages, restarts)
 }
