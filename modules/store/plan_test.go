@@ -16,7 +16,9 @@ import (
 )
 
 // planScan is one table access a statement must make through an index, with
-// every listed column an Index Cond and none of them a Filter.
+// every listed column an Index Cond. A listed column may be tested again in
+// the Filter (the settle's nested loop reaches each message by its key and
+// re-checks the batch's = ANY on it): that reads no row the key did not.
 type planScan struct {
 	table, index string
 	cols         []string
@@ -37,6 +39,11 @@ type planCase struct {
 	// (an InitPlan's array or a CTE row; an ANALYZE or the fresh table's
 	// size settles it).
 	emptyTies []string
+	// emptyKeyed are scans that the same tie states may make by another of
+	// the listed indexes instead (the settle reaches a message it locked by
+	// its ctid, or on those states by its primary key, tenant first: the
+	// same one-row estimate).
+	emptyKeyed []planScan
 }
 
 var (
@@ -58,7 +65,8 @@ var (
 	bodiesPkey    = planScan{"outbound_bodies", "outbound_bodies_pkey", byIdentity}
 	envelopesPkey = planScan{"outbound_envelopes", "outbound_envelopes_pkey", byIdentity}
 	// A row the statement locked by key, then changed by its ctid.
-	bodiesCtid = planScan{"outbound_bodies", "ctid", nil}
+	bodiesCtid   = planScan{"outbound_bodies", "ctid", nil}
+	messagesCtid = planScan{"outbox_messages", "ctid", nil}
 	// The janitor's scan: the expiry bound is the Index Cond.
 	bodiesExpiry       = planScan{"outbound_bodies", "outbound_bodies_expires_at_idx", []string{"expires_at"}}
 	messagesByEnvelope = planScan{"outbox_messages", "outbox_messages_envelope_idx", byIdentity}
@@ -136,7 +144,8 @@ var planCases = []planCase{
 		'msg_' || lpad(to_hex(39), 24, '0')], ARRAY[1, 1, 1], ARRAY['delivered', 'retry', 'dead'],
 		ARRAY[NULL, now(), NULL]::timestamptz[], ARRAY['', 'http_5xx', 'http_410'], ARRAY[false, false, true],
 		ARRAY[now(), now(), NULL]::timestamptz[], ARRAY[5, 7, NULL]::bigint[], ARRAY[200, 503, 410]::smallint[], 7776000000000`,
-		scans: []planScan{messagePkey, endpointPkey, bodiesPkey}, emptyTies: []string{"endpoint_id", "message_id"}},
+		scans: []planScan{messagePkey, messagesCtid, endpointPkey, bodiesPkey}, emptyTies: []string{"endpoint_id", "message_id"},
+		emptyKeyed: []planScan{messagesCtid}},
 	{name: "replay", args: `'t1', 'msg_' || lpad(to_hex(7), 24, '0'), 'acct', 'dev', 'corr'`,
 		scans: []planScan{messagePkey, bodiesPkey, envelopesPkey}},
 	// The dead-letter pages (bun queries): the first, and one after a cursor.
@@ -323,7 +332,7 @@ WHERE c.relkind = 'r' AND (c.relname = ANY ($1) OR EXISTS (
 				// analyzes partitions only; docs/scaling.md): the same ties
 				// hold until then.
 				if st.name != "empty" && (st.name != "fresh" || len(partitions) == 0) {
-					cc.emptyTies = nil
+					cc.emptyTies, cc.emptyKeyed = nil, nil
 				}
 				for _, problem := range checkPlan(plan, cc) {
 					t.Errorf("%s, %s, %s: %s", st.name, c.name, mode, problem)
@@ -472,7 +481,6 @@ func checkPlan(plan map[string]any, c planCase) []string {
 		if scans, ok := want[rel]; ok && typ != "ModifyTable" {
 			index, _ := n["Index Name"].(string)
 			cond, _ := n["Index Cond"].(string)
-			filter, _ := n["Filter"].(string)
 			switch typ {
 			case "Bitmap Heap Scan":
 				// One bitmap of one index is a lookup by that index. The
@@ -510,9 +518,6 @@ func checkPlan(plan map[string]any, c planCase) []string {
 					if !mentions(cond, col) {
 						problems = append(problems, fmt.Sprintf("%s using %s: %s not in Index Cond %q", typ, index, col, cond))
 					}
-					if mentions(filter, col) {
-						problems = append(problems, fmt.Sprintf("%s using %s: %s in Filter %q", typ, index, col, filter))
-					}
 				}
 			}
 		}
@@ -525,7 +530,7 @@ func checkPlan(plan map[string]any, c planCase) []string {
 	}
 	walk(plan)
 	for _, s := range c.scans {
-		if !seen[s.table+" "+s.index] {
+		if !seen[s.table+" "+s.index] && !slices.ContainsFunc(c.emptyKeyed, func(k planScan) bool { return k.table == s.table && k.index == s.index }) {
 			problems = append(problems, fmt.Sprintf("no scan of %s using %s", s.table, s.index))
 		}
 	}
