@@ -99,8 +99,9 @@ func noSlotsHeld(t *testing.T, w *Worker) {
 	t.Helper()
 	w.slots.mu.Lock()
 	defer w.slots.mu.Unlock()
-	if w.slots.inUse != 0 || len(w.slots.byTenant) != 0 {
-		t.Fatalf("slots held after every attempt ended: %d in use, by tenant %v", w.slots.inUse, w.slots.byTenant)
+	if w.slots.inUse != 0 || len(w.slots.byTenant) != 0 || w.slots.settling != 0 {
+		t.Fatalf("slots held after every attempt ended: %d in use, by tenant %v, %d settling", w.slots.inUse, w.slots.byTenant,
+			w.slots.settling)
 	}
 }
 
@@ -113,7 +114,7 @@ func TestSlotsShareAndTotal(t *testing.T) {
 	if n := s.take(ctx, "a", 1); n != 0 || !s.full("a") {
 		t.Fatalf("a took %d more at its share", n)
 	}
-	if n := s.take(ctx, "b", 3); n != 2 {
+	if n := s.take(ctx, "b", 2); n != 2 {
 		t.Fatalf("b took %d, want the 2 left of 6", n)
 	}
 	// Every slot is taken: c waits for one (here until its context ends).
@@ -154,6 +155,25 @@ func TestSlotsShareAndTotal(t *testing.T) {
 	s = newSlots(6, 6, 100)
 	if n := s.take(ctx, "a", 100); n != 6 {
 		t.Fatalf("a took %d with the bound off, want 6", n)
+	}
+	// While attempts run, a claim waits until half a claim of the worker's
+	// slots (here 5) is free, or what it may take if less, then takes what
+	// is free.
+	s = newSlots(10, 10, 100)
+	s.take(ctx, "a", 10)
+	s.release("a", 4)
+	short, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if n := s.take(short, "b", 100); n != 0 {
+		t.Fatalf("b took %d with 4 of 10 free, want to wait for 5", n)
+	}
+	if n := s.take(ctx, "b", 4); n != 4 {
+		t.Fatalf("b took %d of 4 free when it wants 4, want 4", n)
+	}
+	s.release("b", 4)
+	s.release("a", 1)
+	if n := s.take(ctx, "b", 100); n != 5 {
+		t.Fatalf("b took %d with 5 of 10 free, want 5", n)
 	}
 }
 
@@ -208,8 +228,8 @@ func TestSlotsRunReleasesOnPanic(t *testing.T) {
 	}
 }
 
-// The share comes back when the endpoint has answered, the worker's slot
-// when the attempt is settled.
+// The share and the worker's slot come back when the endpoint has answered;
+// the attempt then counts as settling until it ends.
 func TestSlotsShareEndsAtTheAnswer(t *testing.T) {
 	s := newSlots(2, 1, 100)
 	if s.take(context.Background(), "a", 1) != 1 {
@@ -221,12 +241,12 @@ func TestSlotsShareEndsAtTheAnswer(t *testing.T) {
 		}
 		answered()
 		answered() // once only
-		if all, ofA := s.held("a"); all != 1 || ofA != 0 || s.full("a") {
-			t.Fatalf("settling: %d held, a %d; want the worker's slot only", all, ofA)
+		if all, ofA := s.held("a"); all != 0 || ofA != 0 || s.full("a") || s.waitingToSettle() != 1 {
+			t.Fatalf("settling: %d held, a %d, %d settling; want no slot and one settling", all, ofA, s.waitingToSettle())
 		}
 	})
-	if all, ofA := s.held("a"); all != 0 || ofA != 0 {
-		t.Fatalf("after: %d, %d", all, ofA)
+	if all, ofA := s.held("a"); all != 0 || ofA != 0 || s.waitingToSettle() != 0 {
+		t.Fatalf("after: %d, %d, %d settling", all, ofA, s.waitingToSettle())
 	}
 }
 

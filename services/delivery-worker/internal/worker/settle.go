@@ -15,14 +15,14 @@ import (
 var errLeaseLost = errors.New("worker: lease deadline passed before settling")
 
 // Settling is group commit. Every finished attempt queues its settlement;
-// the first to find no flush running becomes the leader, takes everything
-// queued (at most store.MaxSettleBatch) and applies it with one
+// one that finds fewer than maxFlushes flushes running becomes a leader,
+// takes everything queued (at most store.MaxSettleBatch) and applies it with one
 // store.SettleBatch per tenant, one round trip and one commit each. While it
 // does, later attempts queue up behind it, so under load each commit carries
 // many settles and costs each message a fraction of a round trip; an idle
 // worker settles a lone attempt at once. When a leader is done and more is
 // queued it hands leadership to the oldest waiter instead of flushing on, so
-// no attempt holds its slot for more than its own batch. There is no
+// no attempt waits for more than the batches ahead of its own. There is no
 // background goroutine: a worker that is not running holds nothing.
 //
 // Each settlement keeps its own fence (attempt and status, checked by the
@@ -32,8 +32,14 @@ var errLeaseLost = errors.New("worker: lease deadline passed before settling")
 type settler struct {
 	mu       sync.Mutex
 	pending  []*settleReq
-	flushing bool
+	flushing int // flushes under way, at most maxFlushes
 }
+
+// maxFlushes is how many settle batches may be under way at once. One
+// leaves the database idle while each batch's result and commit travel
+// back, and the worker's next claims wait on the settles: two keep a batch
+// executing while the other commits (bench-delivery.sh).
+const maxFlushes = 1
 
 type settleReq struct {
 	tenant   string
@@ -52,18 +58,21 @@ type settleResult struct {
 func (w *Worker) settle(ctx context.Context, r *settleReq) error {
 	b := &w.settles
 	b.mu.Lock()
-	b.pending = append(b.pending, r)
-	if b.flushing {
+	if b.flushing >= maxFlushes {
+		b.pending = append(b.pending, r)
 		b.mu.Unlock()
 		res := <-r.done
 		if !res.lead {
 			return res.err
 		}
+		// Made leader: taken off pending, in the flush slot of the leader
+		// that handed over.
 		b.mu.Lock()
+	} else {
+		b.flushing++
 	}
-	b.flushing = true
-	n := min(len(b.pending), store.MaxSettleBatch)
-	batch := slices.Clone(b.pending[:n])
+	n := min(len(b.pending), store.MaxSettleBatch-1)
+	batch := append([]*settleReq{r}, b.pending[:n]...)
 	b.pending = slices.Delete(b.pending, 0, n)
 	b.mu.Unlock()
 
@@ -71,9 +80,11 @@ func (w *Worker) settle(ctx context.Context, r *settleReq) error {
 
 	b.mu.Lock()
 	if len(b.pending) > 0 {
-		b.pending[0].done <- settleResult{lead: true}
+		next := b.pending[0]
+		b.pending = slices.Delete(b.pending, 0, 1)
+		next.done <- settleResult{lead: true}
 	} else {
-		b.flushing = false
+		b.flushing--
 	}
 	b.mu.Unlock()
 	return (<-r.done).err

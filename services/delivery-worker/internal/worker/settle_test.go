@@ -26,9 +26,10 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 		t.Fatalf("Claim: %d, %v", len(claimed), err)
 	}
 
-	// Another attempt's flush is in progress: new settles queue behind it.
+	// Other attempts' flushes are in progress, as many as may be: new
+	// settles queue behind them.
 	w.settles.mu.Lock()
-	w.settles.flushing = true
+	w.settles.flushing = maxFlushes
 	w.settles.mu.Unlock()
 
 	future := time.Now().Add(time.Minute)
@@ -50,9 +51,12 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 		return len(w.settles.pending) == len(reqs)
 	}
 	waitFor(t, 10*time.Second, "every settle to queue", waitQueued)
-	// The running flush ends and hands over to the oldest waiter.
+	// One running flush ends and hands over to the oldest waiter, as settle
+	// does: off the queue, into the flush's place.
 	w.settles.mu.Lock()
-	w.settles.pending[0].done <- settleResult{lead: true}
+	next := w.settles.pending[0]
+	w.settles.pending = w.settles.pending[1:]
+	next.done <- settleResult{lead: true}
 	w.settles.mu.Unlock()
 	wg.Wait()
 
@@ -86,7 +90,8 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 	if got := e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivering'`); got != 2 {
 		t.Fatalf("%d still delivering, want 2 (fenced and out of lease)", got)
 	}
-	if w.settles.flushing || len(w.settles.pending) != 0 {
-		t.Fatal("settler not idle after the batch")
+	if w.settles.flushing != maxFlushes-1 || len(w.settles.pending) != 0 {
+		t.Fatalf("settler after the batch: %d flushing, %d pending; want only the other flushes", w.settles.flushing,
+			len(w.settles.pending))
 	}
 }

@@ -13,18 +13,22 @@ import (
 func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4) }
 
 // slots accounts for the attempts a worker runs: at most total at once, and
-// at most perTenant of them for any one tenant. Only the scheduler takes
-// slots; every attempt gives its own back when it ends, whatever way it
-// ends, and wakes the scheduler.
+// at most perTenant of them for any one tenant, from the claim until the
+// endpoint has answered (or the request failed or was cut off), the part a
+// slow endpoint stretches. An answered attempt then waits for its settle,
+// a group commit shared by every tenant (see settler), outside both: as a
+// River job's slot frees when the job returns, not when its completion is
+// written, the next claim does not wait for the commit. What waits for a
+// settle is bounded on its own (settleMax, the total again), so a database
+// that settles more slowly than endpoints answer stops the claims instead
+// of letting leased messages pile up in this process. Holding the share
+// through the settle made one tenant alone against a fast endpoint lose
+// 30-50% of its throughput, and holding the worker's slot through it left
+// claims waiting on commits (bench-delivery.sh: a third of both cores idle
+// while the backlog drained).
 //
-// A tenant's share is held from the claim until the endpoint has answered
-// (or the request failed or was cut off): that is the part a slow endpoint
-// stretches. The worker's slot is held on until the outcome is settled,
-// which takes a group commit shared by every tenant and is the same for
-// all of them. Holding the share through the settle too made one tenant
-// alone against a fast endpoint lose 30-50% of its throughput (bench: the
-// share's slots waited on commits, not on the endpoint); a tenant still
-// never has more than its share of requests outstanding.
+// Only the scheduler takes slots; every attempt gives its own back when it
+// ends, whatever way it ends, and wakes the scheduler.
 //
 // A slot is taken before the claim, for exactly the messages the claim may
 // return, so a claimed message always has a slot to start in at once:
@@ -38,24 +42,33 @@ func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4
 // or two messages per claim, and a claim costs about the same for 1 row as
 // for 50: the first bench run of the share lost half its throughput so.
 // Lightly loaded tenants are not delayed: below its share less refill a
-// tenant is claimed as before.
+// tenant is claimed as before. The worker's slots have the same rule
+// (totalRefill).
 type slots struct {
 	total, perTenant, refill int
+	totalRefill              int // the worker's slots a claim waits for while attempts run
 
-	mu       sync.Mutex
-	inUse    int            // the worker's slots: claim to settle
-	byTenant map[string]int // each tenant's share: claim to answer
-	freed    chan struct{}  // capacity 1: "a slot came free since you last looked"
+	mu        sync.Mutex
+	inUse     int            // the worker's slots: claim to answer
+	byTenant  map[string]int // each tenant's share: claim to answer
+	settling  int            // answered attempts not yet settled
+	settleMax int
+	freed     chan struct{} // capacity 1: "a slot came free since you last looked"
 }
 
 func newSlots(total, perTenant, claimMax int) *slots {
 	return &slots{total: total, perTenant: perTenant, refill: max(1, min(perTenant, claimMax)/2),
+		totalRefill: max(1, min(total, claimMax)/2), settleMax: total,
 		byTenant: map[string]int{}, freed: make(chan struct{}, 1)}
 }
 
 // take reserves up to want slots for tenant. It returns 0 at once when the
-// tenant is full; otherwise it waits until at least one of the worker's
-// slots is free (or ctx ends: 0) and takes as many as both limits allow.
+// tenant is full; otherwise it waits until enough of the worker's slots are
+// free (or ctx ends: 0) and takes as many as both limits allow. Enough is
+// one while the worker is idle, and totalRefill (half a full claim) or what
+// the claim may take, if less, while attempts run: for the same reason as
+// refill, a worker whose slots come back a settle batch at a time would
+// otherwise claim the few freed by each small batch.
 func (s *slots) take(ctx context.Context, tenant string, want int) int {
 	for {
 		s.mu.Lock()
@@ -64,7 +77,11 @@ func (s *slots) take(ctx context.Context, tenant string, want int) int {
 			s.mu.Unlock()
 			return 0
 		}
-		if n := min(want, room, s.total-s.inUse); n > 0 {
+		free := s.total - s.inUse
+		if s.settling >= s.settleMax {
+			free = 0
+		}
+		if n := min(want, room, free); n > 0 && (s.inUse == 0 || free >= min(want, room, s.totalRefill)) {
 			s.inUse += n
 			s.byTenant[tenant] += n
 			s.mu.Unlock()
@@ -94,18 +111,20 @@ func (s *slots) fullLocked(tenant string) bool {
 
 // release gives back n slots of tenant, share and worker slot alike.
 func (s *slots) release(tenant string, n int) {
-	s.give(tenant, n, n)
+	s.give(tenant, n, 0)
 }
 
-// give gives back share slots of tenant's share and total of the
-// worker's, and wakes the scheduler.
-func (s *slots) give(tenant string, share, total int) {
-	if share <= 0 && total <= 0 {
+// give gives back n of tenant's slots (share and worker slot) and settled
+// of the settling count, and wakes the scheduler. An answered attempt
+// gives its slot and starts settling (n = 1, settled = -1).
+func (s *slots) give(tenant string, n, settled int) {
+	if n <= 0 && settled == 0 {
 		return
 	}
 	s.mu.Lock()
-	s.inUse -= total
-	if left := s.byTenant[tenant] - share; left > 0 {
+	s.inUse -= n
+	s.settling -= settled
+	if left := s.byTenant[tenant] - n; left > 0 {
 		s.byTenant[tenant] = left
 	} else {
 		delete(s.byTenant, tenant) // the map holds only tenants with attempts running
@@ -118,20 +137,21 @@ func (s *slots) give(tenant string, share, total int) {
 }
 
 // run runs one attempt of tenant in a slot taken for it. fn calls answered
-// once the endpoint's answer is in, which gives back the tenant's share;
-// the worker's slot, and the share if answered was not called, come back
-// however fn ends (it returns, its context is cancelled, it panics).
+// once the endpoint's answer is in, which gives the slot back and counts the
+// attempt as settling until fn returns; the slot, if answered was not called,
+// or the settling count comes back however fn ends (it returns, its context
+// is cancelled, it panics).
 func (s *slots) run(tenant string, fn func(answered func())) {
-	shared := true
+	sending := true
 	answered := func() {
-		if shared {
-			shared = false
-			s.give(tenant, 1, 0)
+		if sending {
+			sending = false
+			s.give(tenant, 1, -1)
 		}
 	}
 	defer func() {
-		if shared {
-			s.give(tenant, 1, 1)
+		if sending {
+			s.give(tenant, 1, 0)
 		} else {
 			s.give(tenant, 0, 1)
 		}
@@ -171,4 +191,11 @@ func (s *slots) held(tenant string) (all, ofTenant int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.inUse, s.byTenant[tenant]
+}
+
+// waitingToSettle reports the answered attempts not yet settled (tests).
+func (s *slots) waitingToSettle() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.settling
 }

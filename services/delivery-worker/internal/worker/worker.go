@@ -17,16 +17,16 @@
 //
 // A claim takes at most as many messages as there are free attempt slots
 // (DELIVERY_CONCURRENCY) and never more than store.MaxClaim, so no leased
-// message waits in a queue while its lease runs.
+// message waits in a queue for its request while its lease runs.
 //
 // # Tenant share
 //
 // No tenant holds more than TenantMaxInflight of the worker's slots
 // (DELIVERY_TENANT_MAX_INFLIGHT, contract §8.7), so a tenant whose endpoint
 // hangs until the HTTP timeout ties up its share and no more: the other
-// slots keep serving everyone else. The share counts an attempt from its
-// claim until the endpoint answers; settling it holds only the worker's
-// slot (see slots). The share bounds the claim itself (a
+// slots keep serving everyone else. The share and the worker's slot count an
+// attempt from its claim until the endpoint answers; its settle holds
+// neither, and what waits for a settle is bounded on its own (see slots). The share bounds the claim itself (a
 // claim asks for at most the tenant's free share), so a blocked tenant's
 // backlog is never leased by a worker that could not start it; the
 // scheduler skips a tenant that holds its share (or nearly: see slots)
