@@ -292,3 +292,37 @@ func TestSlotsReleasedAfterFailedClaim(t *testing.T) {
 		t.Fatal("claim failure not counted")
 	}
 }
+
+// Answered attempts waiting for their settle hold no slot, but no more of
+// them than the worker's slots: at that bound claims wait until one is
+// settled.
+func TestSlotsBoundWhatWaitsToSettle(t *testing.T) {
+	s := newSlots(4, 4, 100)
+	ctx := context.Background()
+	if n := s.take(ctx, "a", 4); n != 4 {
+		t.Fatalf("took %d, want 4", n)
+	}
+	settled := make(chan struct{})
+	var running sync.WaitGroup
+	for range 4 {
+		running.Add(1)
+		go s.run("a", func(answered func()) {
+			answered()
+			running.Done()
+			<-settled
+		})
+	}
+	running.Wait()
+	if all, _ := s.held("a"); all != 0 || s.waitingToSettle() != 4 {
+		t.Fatalf("%d held, %d settling; want 0 and 4", all, s.waitingToSettle())
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if n := s.take(short, "b", 1); n != 0 {
+		t.Fatalf("took %d with 4 answers waiting to settle, want to wait", n)
+	}
+	close(settled)
+	if n := s.take(ctx, "b", 1); n != 1 {
+		t.Fatalf("took %d after the settles, want 1", n)
+	}
+}

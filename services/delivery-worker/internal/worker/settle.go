@@ -15,7 +15,8 @@ import (
 var errLeaseLost = errors.New("worker: lease deadline passed before settling")
 
 // Settling is group commit. Every finished attempt queues its settlement;
-// one that finds fewer than maxFlushes flushes running becomes a leader,
+// one that finds no flush running becomes a leader (or, with one running,
+// the one that brings the queue to secondFlushMin: see maxFlushes),
 // takes everything queued (at most store.MaxSettleBatch) and applies it with one
 // store.SettleBatch per tenant, one round trip and one commit each. While it
 // does, later attempts queue up behind it, so under load each commit carries
@@ -35,11 +36,16 @@ type settler struct {
 	flushing int // flushes under way, at most maxFlushes
 }
 
-// maxFlushes is how many settle batches may be under way at once. One
-// leaves the database idle while each batch's result and commit travel
-// back, and the worker's next claims wait on the settles: two keep a batch
-// executing while the other commits (bench-delivery.sh).
-const maxFlushes = 1
+// maxFlushes is how many settle batches may be under way at once: a second
+// starts while one is under way once secondFlushMin settles wait, so a
+// burst of answers is not held behind a batch the database is still
+// executing, and a trickle still shares one commit instead of sending
+// one-row batches side by side (a settle statement costs about as much for
+// one row as for ten: BenchmarkSettleBatchSize).
+const (
+	maxFlushes     = 2
+	secondFlushMin = 32
+)
 
 type settleReq struct {
 	tenant   string
@@ -58,7 +64,7 @@ type settleResult struct {
 func (w *Worker) settle(ctx context.Context, r *settleReq) error {
 	b := &w.settles
 	b.mu.Lock()
-	if b.flushing >= maxFlushes {
+	if b.flushing >= maxFlushes || (b.flushing > 0 && len(b.pending)+1 < secondFlushMin) {
 		b.pending = append(b.pending, r)
 		b.mu.Unlock()
 		res := <-r.done

@@ -95,3 +95,62 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 			len(w.settles.pending))
 	}
 }
+
+// With one flush under way, settles queue until secondFlushMin of them
+// wait; the one that makes it so starts a second flush with all of them, in
+// one commit, and the first flush's place is left as it was.
+func TestSecondFlushStartsAtItsMinimum(t *testing.T) {
+	e := newEnv(t)
+	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
+	for range secondFlushMin {
+		e.enqueue("t1", "orders", 12)
+	}
+	w, m := newWorker(t, e.dsn, opts{})
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", secondFlushMin, 30*time.Second)
+	if err != nil || len(claimed) != secondFlushMin {
+		t.Fatalf("Claim: %d, %v", len(claimed), err)
+	}
+	w.settles.mu.Lock()
+	w.settles.flushing = 1
+	w.settles.mu.Unlock()
+
+	future := time.Now().Add(time.Minute)
+	errs := make([]error, len(claimed))
+	var wg sync.WaitGroup
+	start := func(i int) {
+		c := claimed[i]
+		r := &settleReq{tenant: "t1", deadline: future, done: make(chan settleResult, 1),
+			st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
+		wg.Go(func() { errs[i] = w.settle(context.Background(), r) })
+	}
+	pending := func() int {
+		w.settles.mu.Lock()
+		defer w.settles.mu.Unlock()
+		return len(w.settles.pending)
+	}
+	for i := range secondFlushMin - 1 {
+		start(i)
+	}
+	waitFor(t, 10*time.Second, "all but one settle to queue", func() bool { return pending() == secondFlushMin-1 })
+	start(secondFlushMin - 1)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("settle %d: %v", i, err)
+		}
+	}
+	var h dto.Metric
+	if err := m.settleBatch.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != secondFlushMin {
+		t.Fatalf("settle batches: %d commits of %v settles, want 1 of %d", h.GetHistogram().GetSampleCount(),
+			h.GetHistogram().GetSampleSum(), secondFlushMin)
+	}
+	if got := e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`); got != secondFlushMin {
+		t.Fatalf("%d delivered, want %d", got, secondFlushMin)
+	}
+	if w.settles.flushing != 1 || pending() != 0 {
+		t.Fatalf("settler after the batch: %d flushing, %d pending; want the first flush only", w.settles.flushing, pending())
+	}
+}
