@@ -30,6 +30,15 @@
 #   BENCH_SHARES="default off" BENCH_WORKERS=1 BENCH_ROUNDS=5 scripts/bench-delivery.sh
 #                             one tenant against a fast sink with the tenant share on and off
 #
+# Each row also says where the CPU went, per message, over that run's drain (from just before the
+# workers start to the last message settled; for River from its client's start to the last job
+# completed): "cpu us/msg" is worker+sink+pg µs of CPU per message for worker rows (the worker
+# processes; loadgen-delivery's own process, that is the loopback sink and its bookkeeping; every
+# postgres process of the server) and river+pg per job for River rows (River's process: client and
+# workers; the server), and "cores" is that CPU over the window's wall time. The server's figure is
+# the whole server's: another load on it during the run counts too. "-" where /proc is not readable
+# (or, for pg, no postgres process runs on this machine). See tools/internal/proccpu.
+#
 # It ensures PostgreSQL (scripts/pg.sh), builds envctl, delivery-worker and loadgen-delivery into
 # .tmp/bin, and for each worker count makes a fresh database envelopeworker_bench_delivery, migrates it
 # and runs loadgen-delivery (see tools/internal/loaddelivery); the database is dropped on exit.
@@ -87,9 +96,26 @@ if [ "$river" = 1 ]; then
 fi
 
 field() { printf '%s' "$1" | sed -n -E 's/.*"'"$2"'":"?([0-9.e+-]+).*/\1/p'; }
+# dash JSON FIELD: field, or "-" when absent.
+dash() {
+	local v
+	v=$(field "$1" "$2")
+	printf '%s' "${v:--}"
+}
+# cpu JSON FIELD...: the fields rounded to whole µs and joined by "+", "-" for an absent one.
+cpu() {
+	local out=$1 f v parts=()
+	shift
+	for f in "$@"; do
+		v=$(field "$out" "$f")
+		if [ -n "$v" ]; then parts+=("$(printf '%.0f' "$v")"); else parts+=(-); fi
+	done
+	local IFS=+
+	printf '%s' "${parts[*]}"
+}
 rows=()
-row() { rows+=("$(printf '%-6s %-8s %-8s %12s %14s %8s %9s %9s %9s %9s %6s' "$@")"); }
-row "round" "workers" "share" "raw rows/s" "worker msgs/s" "ratio" "sink max" "p50 ms" "p99 ms" "max ms" "load"
+row() { rows+=("$(printf '%-6s %-8s %-8s %12s %14s %8s %9s %9s %9s %9s %16s %6s %6s' "$@")"); }
+row "round" "workers" "share" "raw rows/s" "worker msgs/s" "ratio" "sink max" "p50 ms" "p99 ms" "max ms" "cpu us/msg" "cores" "load"
 for r in $(seq "$rounds"); do
 	for w in $workers_list; do
 		for s in $shares; do
@@ -115,7 +141,8 @@ for r in $(seq "$rounds"); do
 					"$(printf '%.0f' "$(field "$out" worker_deliveries_per_second)")" \
 					"$(printf '%.2f' "$(field "$out" worker_vs_raw)")" "$(field "$out" sink_max_in_flight)" \
 					"$(field "$out" latency_p50_ms)" "$(field "$out" latency_p99_ms)" "$(field "$out" latency_max_ms)" \
-					"$(field "$out" load_average_1m)"
+					"$(cpu "$out" worker_cpu_us_per_message sink_cpu_us_per_message postgres_cpu_us_per_message)" \
+					"$(dash "$out" cpu_cores_busy)" "$(field "$out" load_average_1m)"
 			done
 		done
 	done
@@ -126,10 +153,11 @@ for r in $(seq "$rounds"); do
 		out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll")
 		log "$out"
 		row "$r" "River" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
+			"$(cpu "$out" river_cpu_us_per_job postgres_cpu_us_per_job)" "$(dash "$out" cpu_cores_busy)" \
 			"$(field "$out" load_average_1m)"
 	fi
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares, LOG_LEVEL $log_level${baseline:+, baseline $baseline})"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch; cpu us/msg: worker+sink+pg, River: river+pg ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares, LOG_LEVEL $log_level${baseline:+, baseline $baseline})"
 printf '%s\n' "${rows[@]}"

@@ -50,6 +50,12 @@ type report struct {
 	JobsPerSecond float64 `json:"river_jobs_per_second"`
 	RiverVersion  string  `json:"river_version"`
 	LoadAverage1m string  `json:"load_average_1m"`
+	// CPU from the client's start to the last job completed, per job, as
+	// loadgen-delivery reports the drain's (its comment says which
+	// figures go absent when). PostgreSQL's is the whole server's.
+	RiverCPUPerJob    float64 `json:"river_cpu_us_per_job,omitempty"`    // this process: River's client and workers (getrusage)
+	PostgresCPUPerJob float64 `json:"postgres_cpu_us_per_job,omitempty"` // every postgres process, reaped backends included
+	CPUCoresBusy      float64 `json:"cpu_cores_busy,omitempty"`          // the two over the window's wall time
 }
 
 // noopArgs pads a job's arguments to about the size of a webhook body.
@@ -160,6 +166,7 @@ func run(ctx context.Context, c config, logw io.Writer) (report, error) {
 
 	events, cancelSub := client.SubscribeConfig(&river.SubscribeConfig{Kinds: []river.EventKind{river.EventKindJobCompleted}, ChanSize: c.jobs})
 	defer cancelSub()
+	cpu0, cpuErr := Take() // this process and the PostgreSQL server (proccpu.go)
 	if err := client.Start(ctx); err != nil {
 		return report{}, fmt.Errorf("start: %w", err)
 	}
@@ -188,8 +195,23 @@ func run(ctx context.Context, c config, logw io.Writer) (report, error) {
 			return report{}, ctx.Err()
 		}
 	}
+	var cpu1 Mark
+	if cpuErr == nil {
+		cpu1, cpuErr = Take()
+	}
 	rep := report{Jobs: c.jobs, Workers: c.workers, ArgsBytes: len(argsJSON),
 		JobsPerSecond: float64(c.jobs-1) / last.Sub(first).Seconds(), RiverVersion: riverVersion()}
+	if cpuErr == nil {
+		own, pg := cpu1.Self-cpu0.Self, cpu1.Postgres-cpu0.Postgres
+		if cpu1.PostgresProcs == 0 {
+			pg = 0
+		}
+		rep.RiverCPUPerJob = MicrosPer(own, c.jobs)
+		rep.PostgresCPUPerJob = MicrosPer(pg, c.jobs)
+		rep.CPUCoresBusy = Cores(own+pg, cpu1.At.Sub(cpu0.At))
+	} else {
+		fmt.Fprintln(logw, "no CPU figures:", cpuErr)
+	}
 	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
 		rep.LoadAverage1m = strings.Fields(string(la))[0]
 	}

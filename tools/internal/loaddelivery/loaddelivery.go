@@ -6,7 +6,9 @@
 // built binary) against a loopback sink and times the drain. It reports
 // rows/s for both and, for the worker, the due→sink-receipt latency
 // percentiles of the backlog (every row becomes due at the same instant, so
-// these describe draining a backlog, not an idle system's latency).
+// these describe draining a backlog, not an idle system's latency), and
+// where the drain's CPU went, per message: the workers', its own (the
+// sink's), the PostgreSQL server's (tools/internal/proccpu).
 package loaddelivery
 
 import (
@@ -34,6 +36,7 @@ import (
 	"time"
 
 	"github.com/envelopeworker/envelopeworker/modules/store"
+	"github.com/envelopeworker/envelopeworker/tools/internal/proccpu"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 )
 
@@ -77,6 +80,16 @@ type Report struct {
 	SinkMaxInFlight int     `json:"sink_max_in_flight"` // most requests the sink held at once
 	DeliveredInDB   int     `json:"delivered_in_db"`
 	LoadAverage1Min string  `json:"load_average_1m"`
+	// CPU over the drain: from just before the worker processes start
+	// (their start-up is in it, a few ms) to the last message settled
+	// delivered in the database, before they are stopped. Absent where
+	// /proc is not readable; postgres_cpu_us_per_message also where no
+	// postgres process is on this machine. PostgreSQL's is the whole
+	// server's: other load on it counts too.
+	WorkerCPUPerMsg   float64 `json:"worker_cpu_us_per_message,omitempty"`   // the worker processes (/proc)
+	SinkCPUPerMsg     float64 `json:"sink_cpu_us_per_message,omitempty"`     // this process: the sink and its bookkeeping (getrusage)
+	PostgresCPUPerMsg float64 `json:"postgres_cpu_us_per_message,omitempty"` // every postgres process, reaped backends included
+	CPUCoresBusy      float64 `json:"cpu_cores_busy,omitempty"`              // the three over the drain's wall time
 }
 
 // Main is the command line: flags, Run, one JSON line on stdout.
@@ -262,6 +275,8 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		}
 		env = append(env, "PPROF_ENABLED=true")
 	}
+	// The drain's CPU window opens here: the workers do not exist yet.
+	cpu0, cpuErr := proccpu.Take()
 	fmt.Fprintf(logw, "starting %d worker(s)\n", c.Workers)
 	var procs []*exec.Cmd
 	defer func() {
@@ -318,7 +333,8 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	rep.LatencyP50ms, rep.LatencyP90ms, rep.LatencyP99ms = pct(.50), pct(.90), pct(.99)
 	rep.LatencyMaxms = float64(times[len(times)-1].Sub(dueAt).Microseconds()) / 1000
 
-	// Settles commit after the receipt: wait (bounded) for the last ones.
+	// Settles commit after the receipt: wait (bounded) for the last ones,
+	// briefly between counts, as the CPU window closes at the last.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND status = 'delivered'`,
@@ -328,7 +344,28 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 		if rep.DeliveredInDB == c.Messages || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if cpuErr == nil {
+		pids := make([]int, len(procs))
+		for i, p := range procs {
+			pids[i] = p.Process.Pid
+		}
+		var cpu1 proccpu.Mark
+		if cpu1, cpuErr = proccpu.Take(pids...); cpuErr == nil {
+			// The workers started inside the window: all their CPU is in it.
+			worker, sink, pg := cpu1.Others, cpu1.Self-cpu0.Self, cpu1.Postgres-cpu0.Postgres
+			if cpu1.PostgresProcs == 0 {
+				pg = 0
+			}
+			rep.WorkerCPUPerMsg = proccpu.MicrosPer(worker, c.Messages)
+			rep.SinkCPUPerMsg = proccpu.MicrosPer(sink, c.Messages)
+			rep.PostgresCPUPerMsg = proccpu.MicrosPer(pg, c.Messages)
+			rep.CPUCoresBusy = proccpu.Cores(worker+sink+pg, cpu1.At.Sub(cpu0.At))
+		}
+	}
+	if cpuErr != nil {
+		fmt.Fprintln(logw, "no CPU figures:", cpuErr)
 	}
 	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
 		rep.LoadAverage1Min = strings.Fields(string(la))[0]

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/envelopeworker/envelopeworker/modules/buildinfo/buildtest"
 	"github.com/envelopeworker/envelopeworker/modules/store/storetest"
+	"github.com/envelopeworker/envelopeworker/tools/internal/proccpu"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -81,5 +83,20 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	}
 	if !(rep.LatencyP50ms <= rep.LatencyP90ms && rep.LatencyP90ms <= rep.LatencyP99ms && rep.LatencyP99ms <= rep.LatencyMaxms) {
 		t.Fatalf("report %+v: percentiles out of order", rep)
+	}
+	// The drain's CPU: the worker, the sink and the test's local server
+	// each did work for every message (tools/internal/proccpu tests the
+	// readings themselves).
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Logf("no /proc here (not Linux): no CPU figures to check")
+		return
+	}
+	if rep.WorkerCPUPerMsg <= 0 || rep.SinkCPUPerMsg <= 0 || rep.CPUCoresBusy <= 0 {
+		t.Fatalf("report %+v: want the worker's and the sink's CPU per message and the cores busy", rep)
+	}
+	if pg, err := proccpu.Postgres(); err == nil && len(pg.PIDs) == 0 {
+		t.Logf("no postgres process in /proc: the test server is not local, no PostgreSQL CPU to check")
+	} else if rep.PostgresCPUPerMsg <= 0 {
+		t.Fatalf("report %+v: want the PostgreSQL server's CPU per message", rep)
 	}
 }
