@@ -120,3 +120,7 @@ func SessionSetting(ctx context.Context, s *Store, name string) (string, error) 
 	err := s.sqlDB().QueryRowContext(ctx, `SELECT current_setting($1)`, name).Scan(&v)
 	return v, err
 }
+
+// ClaimPlansGeneric reports whether s's claims run on generic plans
+// (claimPlans).
+func ClaimPlansGeneric(s *Store) bool { return s.pool.claimPlans.generic.Load() }

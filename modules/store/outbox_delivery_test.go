@@ -568,3 +568,40 @@ func TestSettleBatchSettlesExactlyTheLiveRows(t *testing.T) {
 		t.Fatalf("a fenced batch wrote %d attempt rows", n-history)
 	}
 }
+
+// The claim runs on generic plans only once outbox_messages has statistics
+// of store.ClaimGenericMinRows rows (claimPlans): before, a generic plan
+// made for a table the planner takes for empty would be kept as it grows.
+// The statistics are what pg_class says; here they are written there, as an
+// ANALYZE of that many rows would.
+func TestClaimTurnsToGenericPlansWithStatistics(t *testing.T) {
+	f := newFixture(t)
+	f.fanOut("t1", 1, 6)
+	if got := f.claim("t1", 2); len(got) != 2 {
+		t.Fatalf("claimed %d, want 2", len(got))
+	}
+	if store.ClaimPlansGeneric(f.s) {
+		t.Fatal("generic plans before outbox_messages has statistics")
+	}
+	if _, err := f.admin.Exec(`ANALYZE outbox_messages`); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.claim("t1", 1); len(got) != 1 || store.ClaimPlansGeneric(f.s) {
+		t.Fatalf("claimed %d; generic plans %v after analyzing 6 rows, want none yet", len(got), store.ClaimPlansGeneric(f.s))
+	}
+	if _, err := f.admin.Exec(`UPDATE pg_class SET reltuples = $1 WHERE oid = 'outbox_messages'::regclass`,
+		store.ClaimGenericMinRows); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.claim("t1", 1); len(got) != 1 || !store.ClaimPlansGeneric(f.s) {
+		t.Fatalf("claimed %d; generic plans %v with statistics of %d rows, want them", len(got), store.ClaimPlansGeneric(f.s),
+			store.ClaimGenericMinRows)
+	}
+	// On generic plans the claim still takes exactly what is due.
+	if got := f.claim("t1", store.MaxClaim); len(got) != 2 {
+		t.Fatalf("claimed %d on generic plans, want the 2 left", len(got))
+	}
+	if n := f.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivering' AND attempts = 1`); n != 6 {
+		t.Fatalf("%d of 6 messages claimed once", n)
+	}
+}
