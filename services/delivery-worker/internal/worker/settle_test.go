@@ -154,3 +154,60 @@ func TestSecondFlushStartsAtItsMinimum(t *testing.T) {
 		t.Fatalf("settler after the batch: %d flushing, %d pending; want the first flush only", w.settles.flushing, pending())
 	}
 }
+
+// A leader with fewer than lingerFor settles while requests are still out
+// waits for more: the settles that arrive meanwhile join its batch, one
+// commit for all, and the one that brings the batch to lingerFor ends the
+// wait.
+func TestLeaderLingersWhileRequestsAreOut(t *testing.T) {
+	e := newEnv(t)
+	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
+	for range lingerFor {
+		e.enqueue("t1", "orders", 12)
+	}
+	w, m := newWorker(t, e.dsn, opts{})
+	w.settles.lingerMax = time.Minute // ended by the batch filling, not by time
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", lingerFor, 30*time.Second)
+	if err != nil || len(claimed) != lingerFor {
+		t.Fatalf("Claim: %d, %v", len(claimed), err)
+	}
+	if w.slots.take(context.Background(), "t2", 1) != 1 { // a request still out
+		t.Fatal("take")
+	}
+	future := time.Now().Add(time.Minute)
+	errs := make([]error, len(claimed))
+	var wg sync.WaitGroup
+	start := func(i int) {
+		c := claimed[i]
+		r := &settleReq{tenant: "t1", deadline: future, done: make(chan settleResult, 1),
+			st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
+		wg.Go(func() { errs[i] = w.settle(context.Background(), r) })
+	}
+	lingering := func() bool {
+		w.settles.mu.Lock()
+		defer w.settles.mu.Unlock()
+		return w.settles.lingering
+	}
+	start(0)
+	waitFor(t, 10*time.Second, "the leader to linger", lingering)
+	for i := 1; i < lingerFor; i++ {
+		start(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("settle %d: %v", i, err)
+		}
+	}
+	var h dto.Metric
+	if err := m.settleBatch.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != lingerFor {
+		t.Fatalf("settle batches: %d commits of %v settles, want 1 of %d", h.GetHistogram().GetSampleCount(),
+			h.GetHistogram().GetSampleSum(), lingerFor)
+	}
+	if w.settles.flushing != 0 || w.settles.lingering {
+		t.Fatalf("settler after the batch: %d flushing, lingering %v", w.settles.flushing, w.settles.lingering)
+	}
+}

@@ -193,6 +193,14 @@ func (s *slots) held(tenant string) (all, ofTenant int) {
 	return s.inUse, s.byTenant[tenant]
 }
 
+// sending reports the attempts whose requests are out: answers still to
+// come.
+func (s *slots) sending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse
+}
+
 // waitingToSettle reports the answered attempts not yet settled (tests).
 func (s *slots) waitingToSettle() int {
 	s.mu.Lock()

@@ -171,7 +171,7 @@ func New(cfg Config, httpTimeout time.Duration, outbox *store.Outbox, snd *sende
 		return nil, err
 	}
 	return &Worker{cfg: cfg, outbox: outbox, sender: snd, limiter: lim, log: log, m: m,
-		slots:  newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax),
+		slots: newSlots(cfg.Concurrency, cfg.TenantMaxInflight, cfg.ClaimMax), settles: newSettler(),
 		tracer: cfg.Tracing.Tracer(TracerName), tracing: cfg.Tracing.Enabled()}, nil
 }
 
