@@ -121,6 +121,11 @@ func SessionSetting(ctx context.Context, s *Store, name string) (string, error) 
 	return v, err
 }
 
-// ClaimPlansGeneric reports whether s's claims run on generic plans
-// (claimPlans).
-func ClaimPlansGeneric(s *Store) bool { return s.pool.claimPlans.generic.Load() }
+// ClaimPlanMode is the plan mode a claim would run in now
+// (claimPlanModeSQL).
+func ClaimPlanMode(ctx context.Context, db *sql.DB) (string, error) {
+	var mode string
+	err := db.QueryRowContext(ctx, claimPlanModeStmt.text,
+		claimPlanModeStmt.bind(pgx.StrictNamedArgs{"min_rows": ClaimGenericMinRows})).Scan(&mode)
+	return mode, err
+}

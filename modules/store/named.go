@@ -94,6 +94,7 @@ var (
 	topicEndpointsStmt      = newNamedSQL(topicEndpointsSQL)
 	writeOutboundStmt       = newNamedSQL(writeOutboundSQL)
 	claimStmt               = newNamedSQL(claimSQL)
+	claimPlanModeStmt       = newNamedSQL(claimPlanModeSQL)
 	dueTenantsStmt          = newNamedSQL(dueTenantsSQL)
 	lockDueTenantStmt       = newNamedSQL(lockDueTenantSQL)
 	raiseDueTenantStmt      = newNamedSQL(raiseDueTenantSQL)

@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -220,36 +218,37 @@ LEFT JOIN LATERAL (
     OFFSET 0
 ) e ON true`
 
-// claimPlans is whether the claim may run on generic plans: once
-// outbox_messages has statistics of at least ClaimGenericMinRows rows
-// (pg_class.reltuples, set by VACUUM and ANALYZE of the table, or of the
-// parent on the partitioned layout, where envctl analyze sets it), and from
-// then on. PostgreSQL plans
-// the claim anew on every call otherwise (its custom plans look cheaper than
-// the generic one, whose LIMIT it does not know), which cost 0.65-1.1 ms a
-// claim, about as much as a claim of 50 rows takes to run: it is the fixed
-// cost that makes small claims (a tenant at its share) expensive. Before the
-// statistics the generic plan is not safe to keep: one made on a table the
-// planner takes for empty reaches the claimed messages by tenant alone
-// (TestHotStatementPlansUseTheirKeys, the claim's emptyTies) and a
-// connection would keep it while the table grows; with statistics every
-// generic plan is keyed (the fresh and large states of that test), and an
-// ANALYZE invalidates a cached one as the table grows. Statistics of a
-// small table are not enough: a generic plan made for a few hundred rows may
-// scan what a minute later holds tens of thousands, until autovacuum
-// analyzes the table again. The probe rides in the claim's pipeline until
-// it answers yes, so it costs no round trip.
-type claimPlans struct{ generic atomic.Bool }
+// claimPlanModeSQL chooses the plan mode of the claim's transaction, every
+// claim anew: generic plans once outbox_messages has statistics of at
+// least ClaimGenericMinRows rows (pg_class.reltuples, kept by autovacuum;
+// on the partitioned layout the parent's, which only an ANALYZE of the
+// parent sets (envctl analyze), and its partitions' together), PostgreSQL's
+// own choice (auto) otherwise. Left to itself PostgreSQL planned the claim
+// anew on every call (0.65-1.1 ms, as much as running a claim of 50 rows:
+// the fixed cost that makes a tenant's claims at its share expensive). A
+// generic plan is not safe to keep before such statistics: one made for a
+// table the planner takes for empty reaches the claimed messages by tenant
+// alone (TestHotStatementPlansUseTheirKeys, the claim's emptyTies), and
+// statistics of a few hundred rows may give a plan that scans what a minute
+// later holds tens of thousands; every connection would keep it until an
+// ANALYZE. Deciding per claim, not once per process, follows the table down
+// as well as up (emptied and vacuumed: auto again). The statement rides in
+// the claim's pipeline: no round trip; set_config(…, true) is local to the
+// transaction.
+const claimPlanModeSQL = `
+SELECT set_config('plan_cache_mode', CASE
+    WHEN bool_and(c.reltuples >= 0)
+     AND max(c.reltuples) FILTER (WHERE c.oid = 'outbox_messages'::regclass) >= @min_rows
+     AND coalesce(sum(c.reltuples) FILTER (WHERE c.oid <> 'outbox_messages'::regclass), @min_rows) >= @min_rows
+    THEN 'force_generic_plan' ELSE 'auto' END, true)
+FROM pg_class c
+WHERE c.oid = 'outbox_messages'::regclass
+   OR c.oid IN (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = 'outbox_messages'::regclass)`
 
 // ClaimGenericMinRows is the analyzed size of outbox_messages from which the
-// claim keeps generic plans (claimPlans; TestHotStatementPlansUseTheirKeys
-// checks the plans at that size).
+// claim runs on generic plans (claimPlanModeSQL;
+// TestHotStatementPlansUseTheirKeys checks them at that size).
 const ClaimGenericMinRows = 10000
-
-// claimStatsSQL asks whether outbox_messages has statistics of at least
-// ClaimGenericMinRows rows (see claimPlans).
-var claimStatsSQL = `SELECT c.reltuples >= ` + strconv.Itoa(ClaimGenericMinRows) +
-	` FROM pg_class c WHERE c.oid = 'outbox_messages'::regclass`
 
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
@@ -264,7 +263,7 @@ func (s *Outbox) Claim(ctx context.Context, tenant string, max int, lease time.D
 	var out []Claimed
 	err := s.withPgx(ctx, func(c *pgx.Conn) error {
 		var err error
-		out, err = runClaim(ctx, c, tenant, max, lease.Microseconds(), s.retentionMicros(), &s.claimPlans)
+		out, err = runClaim(ctx, c, tenant, max, lease.Microseconds(), s.retentionMicros())
 		return err
 	})
 	if err != nil {
@@ -273,36 +272,29 @@ func (s *Outbox) Claim(ctx context.Context, tenant string, max int, lease time.D
 	return out, nil
 }
 
-// runClaim sends BEGIN, the plan mode (or the statistics probe: see
-// claimPlans), the claim, the due row's lock, the raise and COMMIT as one
+// runClaim sends BEGIN, the plan mode (claimPlanModeSQL), the claim, the due row's lock, the raise and COMMIT as one
 // pipeline: one round trip, as the claim alone took before. A
 // failure part-way aborts the transaction (the server skips the rest of
 // the pipeline, COMMIT included), so nothing is claimed without its raise.
 // Every path leaves the connection idle, or marks it bad so the pool drops
 // it.
-func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64,
-	plans *claimPlans) (_ []Claimed, err error) {
+func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64) (_ []Claimed, err error) {
 	defer func() {
 		if err != nil {
 			err = releaseAfterError(ctx, c, err)
 		}
 	}()
-	generic := plans.generic.Load()
 	named := pgx.StrictNamedArgs{"tenant": tenant}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	if generic {
-		b.Queue(genericPlansSQL)
-	} else {
-		b.Queue(claimStatsSQL)
-	}
+	b.Queue(claimPlanModeStmt.text, claimPlanModeStmt.bind(pgx.StrictNamedArgs{"min_rows": ClaimGenericMinRows}))
 	b.Queue(claimStmt.text, claimStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "max": max,
 		"lease_us": leaseMicros, "retention_us": retentionMicros}))
 	b.Queue(lockDueTenantStmt.text, lockDueTenantStmt.bind(named))
 	b.Queue(raiseDueTenantStmt.text, raiseDueTenantStmt.bind(named))
 	b.Queue("COMMIT")
 	br := c.SendBatch(ctx, b)
-	out, tag, err := readClaim(br, tenant, generic, plans)
+	out, tag, err := readClaim(br, tenant)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -315,25 +307,13 @@ func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMic
 	return out, nil
 }
 
-// readClaim reads the pipeline's results: BEGIN, the plan mode or the
-// statistics probe (which may turn generic plans on for later claims), the
+// readClaim reads the pipeline's results: BEGIN, the plan mode, the
 // claimed rows, the lock (a row or none), the raise and COMMIT's tag.
-func readClaim(br pgx.BatchResults, tenant string, generic bool, plans *claimPlans) ([]Claimed, pgconn.CommandTag, error) {
+func readClaim(br pgx.BatchResults, tenant string) ([]Claimed, pgconn.CommandTag, error) {
 	var none pgconn.CommandTag
-	if _, err := br.Exec(); err != nil { // BEGIN
-		return nil, none, err
-	}
-	if generic {
+	for range 2 { // BEGIN, the plan mode
 		if _, err := br.Exec(); err != nil {
 			return nil, none, err
-		}
-	} else {
-		var analyzed bool
-		if err := br.QueryRow().Scan(&analyzed); err != nil {
-			return nil, none, err
-		}
-		if analyzed {
-			plans.generic.Store(true)
 		}
 	}
 	rows, err := br.Query()

@@ -569,39 +569,118 @@ func TestSettleBatchSettlesExactlyTheLiveRows(t *testing.T) {
 	}
 }
 
-// The claim runs on generic plans only once outbox_messages has statistics
-// of store.ClaimGenericMinRows rows (claimPlans): before, a generic plan
-// made for a table the planner takes for empty would be kept as it grows.
-// The statistics are what pg_class says; here they are written there, as an
-// ANALYZE of that many rows would.
-func TestClaimTurnsToGenericPlansWithStatistics(t *testing.T) {
+// The claim's transaction runs on generic plans only while outbox_messages
+// has statistics of store.ClaimGenericMinRows rows (claimPlanModeSQL):
+// before, a generic plan made for a table the planner takes for empty
+// would be kept as it grows; after the table is emptied and vacuumed, the
+// same again. The statistics are what pg_class says; here they are written
+// there as an ANALYZE of that many rows would, on the partitions too on the
+// partitioned layout.
+func TestClaimRunsOnGenericPlansWithStatistics(t *testing.T) {
 	f := newFixture(t)
-	f.fanOut("t1", 1, 6)
-	if got := f.claim("t1", 2); len(got) != 2 {
-		t.Fatalf("claimed %d, want 2", len(got))
+	ctx := context.Background()
+	mode := func() string {
+		t.Helper()
+		m, err := store.ClaimPlanMode(ctx, f.admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
 	}
-	if store.ClaimPlansGeneric(f.s) {
-		t.Fatal("generic plans before outbox_messages has statistics")
+	setRows := func(n int) {
+		t.Helper()
+		if _, err := f.admin.Exec(`UPDATE pg_class SET reltuples = $1 WHERE oid = 'outbox_messages'::regclass
+   OR oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox_messages'::regclass)`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.fanOut("t1", 1, 6)
+	if got := mode(); got != "auto" {
+		t.Fatalf("never analyzed: %s, want auto", got)
 	}
 	if _, err := f.admin.Exec(`ANALYZE outbox_messages`); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.claim("t1", 1); len(got) != 1 || store.ClaimPlansGeneric(f.s) {
-		t.Fatalf("claimed %d; generic plans %v after analyzing 6 rows, want none yet", len(got), store.ClaimPlansGeneric(f.s))
+	if got := mode(); got != "auto" {
+		t.Fatalf("6 rows analyzed: %s, want auto", got)
 	}
-	if _, err := f.admin.Exec(`UPDATE pg_class SET reltuples = $1 WHERE oid = 'outbox_messages'::regclass`,
-		store.ClaimGenericMinRows); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.claim("t1", 1); len(got) != 1 || !store.ClaimPlansGeneric(f.s) {
-		t.Fatalf("claimed %d; generic plans %v with statistics of %d rows, want them", len(got), store.ClaimPlansGeneric(f.s),
-			store.ClaimGenericMinRows)
+	setRows(store.ClaimGenericMinRows)
+	if got := mode(); got != "force_generic_plan" {
+		t.Fatalf("statistics of %d rows: %s, want force_generic_plan", store.ClaimGenericMinRows, got)
 	}
 	// On generic plans the claim still takes exactly what is due.
+	if got := f.claim("t1", 4); len(got) != 4 {
+		t.Fatalf("claimed %d on generic plans, want 4", len(got))
+	}
 	if got := f.claim("t1", store.MaxClaim); len(got) != 2 {
 		t.Fatalf("claimed %d on generic plans, want the 2 left", len(got))
 	}
 	if n := f.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivering' AND attempts = 1`); n != 6 {
 		t.Fatalf("%d of 6 messages claimed once", n)
+	}
+	setRows(0)
+	if got := mode(); got != "auto" {
+		t.Fatalf("emptied and vacuumed: %s, want auto", got)
+	}
+	// The mode is the claim transaction's own: the session keeps its own.
+	var session string
+	if err := f.admin.QueryRow(`SELECT current_setting('plan_cache_mode')`).Scan(&session); err != nil || session != "auto" {
+		t.Fatalf("session plan_cache_mode %q, %v; want auto", session, err)
+	}
+}
+
+// A settle waiting for a message that another transaction is changing
+// without touching its fence (here a hand edit of max_attempts) applies once
+// that transaction commits: the batch's own statement cannot see the new
+// version (it committed after the statement's snapshot), so settleSet
+// sends the settle again, and it is neither lost nor reported fenced.
+func TestSettleAppliesAfterAConcurrentEditOfTheMessage(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.fanOut("t1", 1, 2)
+	claimed := f.claim("t1", 2)
+	if len(claimed) != 2 {
+		t.Fatalf("claimed %d, want 2", len(claimed))
+	}
+	edited, other := claimed[0], claimed[1]
+	tx, err := f.admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // committed below
+	if _, err := tx.Exec(`UPDATE outbox_messages SET max_attempts = max_attempts + 1 WHERE tenant_id = 't1' AND message_id = $1`,
+		edited.MessageID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []error, 1)
+	go func() {
+		rs, err := f.s.Outbox().SettleBatch(ctx, "t1", []store.Settlement{
+			{MessageID: edited.MessageID, Attempt: edited.Attempt, Outcome: store.SettleDelivered},
+			{MessageID: other.MessageID, Attempt: other.Attempt, Outcome: store.SettleDelivered},
+		})
+		done <- append(rs, err)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the settle never waited for the edited message")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range <-done {
+		if err != nil {
+			t.Errorf("result %d: %v", i, err)
+		}
+	}
+	for _, c := range claimed {
+		if st := f.status("t1", c.MessageID); st.Status != store.StatusDelivered {
+			t.Errorf("%s: %s, want delivered", c.MessageID, st.Status)
+		}
+	}
+	if n := f.count(`SELECT count(*) FROM outbox_attempts WHERE tenant_id = 't1' AND result = 'delivered'`); n != 2 {
+		t.Errorf("%d delivered attempt rows, want 2", n)
 	}
 }

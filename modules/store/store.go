@@ -83,14 +83,12 @@ type Store struct {
 	retention   *Retention
 }
 
-// pool is what the concerns share: the connection pool, the options, the
-// partition cache and what the claim knows of its table's statistics. Each
-// concern embeds the same one.
+// pool is what the concerns share: the connection pool, the options and the
+// partition cache. Each concern embeds the same one.
 type pool struct {
-	db         *bun.DB
-	opts       Options
-	parts      partitionCache
-	claimPlans claimPlans
+	db    *bun.DB
+	opts  Options
+	parts partitionCache
 }
 
 // Credentials holds opaque credentials (their digests) and producer keys

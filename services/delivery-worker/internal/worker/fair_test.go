@@ -160,6 +160,7 @@ func TestSlotsShareAndTotal(t *testing.T) {
 	// slots (here 5) is free, or what it may take if less, then takes what
 	// is free.
 	s = newSlots(10, 10, 100)
+	s.refillWait = time.Minute // ended by the context here
 	s.take(ctx, "a", 10)
 	s.release("a", 4)
 	short, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
@@ -324,5 +325,22 @@ func TestSlotsBoundWhatWaitsToSettle(t *testing.T) {
 	close(settled)
 	if n := s.take(ctx, "b", 1); n != 1 {
 		t.Fatalf("took %d after the settles, want 1", n)
+	}
+}
+
+// Slots held by requests to endpoints that hang come back only at the HTTP
+// timeout: a claim waits for half a claim of free slots for refillWait at
+// most, then takes what is free, so the other tenants keep being served
+// (§8.7).
+func TestSlotsHungRequestsDoNotStopClaims(t *testing.T) {
+	s := newSlots(100, 40, 50) // half a claim: 25
+	ctx := context.Background()
+	if s.take(ctx, "a", 50) != 40 || s.take(ctx, "b", 50) != 40 {
+		t.Fatal("setup: a and b take their shares")
+	}
+	// a's and b's requests hang; 20 slots are free.
+	s.refillWait = time.Millisecond
+	if n := s.take(ctx, "c", 50); n != 20 {
+		t.Fatalf("c took %d with 20 free beside hung requests, want 20", n)
 	}
 }

@@ -106,7 +106,10 @@ func (w *Worker) settle(ctx context.Context, r *settleReq) error {
 	} else {
 		b.flushing++
 	}
-	if len(b.pending)+1 < lingerFor && w.slots.sending() > 0 {
+	// Only a lone flush lingers: with two under way the second started
+	// because enough were waiting, and one lingering leader at a time keeps
+	// the filled signal its own.
+	if b.flushing == 1 && len(b.pending)+1 < lingerFor && w.slots.sending() > 0 {
 		b.linger(ctx)
 	}
 	n := min(len(b.pending), store.MaxSettleBatch-1)

@@ -211,3 +211,31 @@ func TestLeaderLingersWhileRequestsAreOut(t *testing.T) {
 		t.Fatalf("settler after the batch: %d flushing, lingering %v", w.settles.flushing, w.settles.lingering)
 	}
 }
+
+// An idle worker's lone answer is settled at once: with no request out,
+// nothing more is coming to linger for.
+func TestLoneSettleOfAnIdleWorkerDoesNotLinger(t *testing.T) {
+	e := newEnv(t)
+	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
+	e.enqueue("t1", "orders", 12)
+	w, _ := newWorker(t, e.dsn, opts{})
+	w.settles.lingerMax = time.Hour
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", 1, 30*time.Second)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("Claim: %d, %v", len(claimed), err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- w.settle(context.Background(), &settleReq{tenant: "t1", deadline: time.Now().Add(time.Minute),
+			done: make(chan settleResult, 1),
+			st:   store.Settlement{MessageID: claimed[0].MessageID, Attempt: claimed[0].Attempt, Outcome: store.SettleDelivered}})
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lone settle of an idle worker lingered")
+	}
+}

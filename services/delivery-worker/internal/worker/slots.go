@@ -19,9 +19,11 @@ func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4
 // a group commit shared by every tenant (see settler), outside both: as a
 // River job's slot frees when the job returns, not when its completion is
 // written, the next claim does not wait for the commit. What waits for a
-// settle is bounded on its own (settleMax, the total again), so a database
-// that settles more slowly than endpoints answer stops the claims instead
-// of letting leased messages pile up in this process. Holding the share
+// settle is bounded on its own: no claim while settleMax (the total again)
+// answers wait, so at most twice the total (those plus the requests out when
+// the bound was reached), and a database that settles more slowly than
+// endpoints answer stops the claims instead of letting leased messages pile
+// up in this process. Holding the share
 // through the settle made one tenant alone against a fast endpoint lose
 // 30-50% of its throughput, and holding the worker's slot through it left
 // claims waiting on commits (bench-delivery.sh: a third of both cores idle
@@ -46,7 +48,8 @@ func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4
 // (totalRefill).
 type slots struct {
 	total, perTenant, refill int
-	totalRefill              int // the worker's slots a claim waits for while attempts run
+	totalRefill              int           // the worker's slots a claim waits for while attempts run
+	refillWait               time.Duration // for at most this long (refillWait); tests lengthen it
 
 	mu        sync.Mutex
 	inUse     int            // the worker's slots: claim to answer
@@ -58,18 +61,29 @@ type slots struct {
 
 func newSlots(total, perTenant, claimMax int) *slots {
 	return &slots{total: total, perTenant: perTenant, refill: max(1, min(perTenant, claimMax)/2),
-		totalRefill: max(1, min(total, claimMax)/2), settleMax: total,
+		totalRefill: max(1, min(total, claimMax)/2), refillWait: refillWait, settleMax: total,
 		byTenant: map[string]int{}, freed: make(chan struct{}, 1)}
 }
+
+// refillWait bounds how long a claim waits for totalRefill free slots
+// before it takes what is free: slots held by requests to endpoints that
+// hang come back only at the HTTP timeout, and the scheduler waiting in
+// take serves no tenant meanwhile (§8.7: the other slots keep serving
+// everyone else). A pipeline that is merely busy frees half a claim in
+// less than that (one slot an answer, hundreds of answers a second).
+const refillWait = 10 * time.Millisecond
 
 // take reserves up to want slots for tenant. It returns 0 at once when the
 // tenant is full; otherwise it waits until enough of the worker's slots are
 // free (or ctx ends: 0) and takes as many as both limits allow. Enough is
 // one while the worker is idle, and totalRefill (half a full claim) or what
-// the claim may take, if less, while attempts run: for the same reason as
-// refill, a worker whose slots come back a settle batch at a time would
-// otherwise claim the few freed by each small batch.
+// the claim may take, if less, while attempts run, for at most refillWait
+// and then one again: for the same reason as refill, a worker whose slots
+// come back one answer at a time would otherwise claim one or two messages
+// at a time.
 func (s *slots) take(ctx context.Context, tenant string, want int) int {
+	var patience <-chan time.Time // set at the first wait for a refill
+	patient := true
 	for {
 		s.mu.Lock()
 		room := s.perTenant - s.byTenant[tenant]
@@ -81,15 +95,24 @@ func (s *slots) take(ctx context.Context, tenant string, want int) int {
 		if s.settling >= s.settleMax {
 			free = 0
 		}
-		if n := min(want, room, free); n > 0 && (s.inUse == 0 || free >= min(want, room, s.totalRefill)) {
+		n := min(want, room, free)
+		refilled := s.inUse == 0 || free >= min(want, room, s.totalRefill) || !patient
+		if n > 0 && refilled {
 			s.inUse += n
 			s.byTenant[tenant] += n
 			s.mu.Unlock()
 			return n
 		}
+		if n > 0 && patience == nil {
+			t := time.NewTimer(s.refillWait)
+			defer t.Stop()
+			patience = t.C
+		}
 		s.mu.Unlock()
 		select {
 		case <-s.freed:
+		case <-patience:
+			patient = false
 		case <-ctx.Done():
 			return 0
 		}
