@@ -6,7 +6,7 @@
 #   BENCH_MESSAGES=10000      backlog per run (about 1 KiB bodies)
 #   BENCH_WORKERS="1 2"       worker processes per run (one run each, fresh database each)
 #   BENCH_CONCURRENCY=200     DELIVERY_CONCURRENCY of each worker (2x the claim: the next claim of 100
-#                             goes out while the previous 100 settle)
+#                             goes out while the previous 100 are sent)
 #   BENCH_SHARES="default"    DELIVERY_TENANT_MAX_INFLIGHT values, each its own run: "default" (unset: a
 #                             quarter of the concurrency), "off" (= the concurrency) or a number
 #   BENCH_POLL=10ms           DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most
