@@ -101,52 +101,24 @@ func TestSettlesQueuedBehindAFlushShareOneCommit(t *testing.T) {
 // one commit, and the first flush's place is left as it was.
 func TestSecondFlushStartsAtItsMinimum(t *testing.T) {
 	e := newEnv(t)
-	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
-	for range secondFlushMin {
-		e.enqueue("t1", "orders", 12)
-	}
 	w, m := newWorker(t, e.dsn, opts{})
-	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", secondFlushMin, 30*time.Second)
-	if err != nil || len(claimed) != secondFlushMin {
-		t.Fatalf("Claim: %d, %v", len(claimed), err)
-	}
+	run := newSettles(t, w, claimDue(t, e, secondFlushMin))
 	w.settles.mu.Lock()
 	w.settles.flushing = 1
 	w.settles.mu.Unlock()
 
-	future := time.Now().Add(time.Minute)
-	errs := make([]error, len(claimed))
-	var wg sync.WaitGroup
-	start := func(i int) {
-		c := claimed[i]
-		r := &settleReq{tenant: "t1", deadline: future, done: make(chan settleResult, 1),
-			st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
-		wg.Go(func() { errs[i] = w.settle(context.Background(), r) })
-	}
 	pending := func() int {
 		w.settles.mu.Lock()
 		defer w.settles.mu.Unlock()
 		return len(w.settles.pending)
 	}
 	for i := range secondFlushMin - 1 {
-		start(i)
+		run.start(i)
 	}
 	waitFor(t, 10*time.Second, "all but one settle to queue", func() bool { return pending() == secondFlushMin-1 })
-	start(secondFlushMin - 1)
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("settle %d: %v", i, err)
-		}
-	}
-	var h dto.Metric
-	if err := m.settleBatch.Write(&h); err != nil {
-		t.Fatal(err)
-	}
-	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != secondFlushMin {
-		t.Fatalf("settle batches: %d commits of %v settles, want 1 of %d", h.GetHistogram().GetSampleCount(),
-			h.GetHistogram().GetSampleSum(), secondFlushMin)
-	}
+	run.start(secondFlushMin - 1)
+	run.wait()
+	wantOneBatch(t, m, secondFlushMin)
 	if got := e.count(`SELECT count(*) FROM outbox_messages WHERE status = 'delivered'`); got != secondFlushMin {
 		t.Fatalf("%d delivered, want %d", got, secondFlushMin)
 	}
@@ -161,54 +133,89 @@ func TestSecondFlushStartsAtItsMinimum(t *testing.T) {
 // wait.
 func TestLeaderLingersWhileRequestsAreOut(t *testing.T) {
 	e := newEnv(t)
-	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
-	for range lingerFor {
-		e.enqueue("t1", "orders", 12)
-	}
 	w, m := newWorker(t, e.dsn, opts{})
 	w.settles.lingerMax = time.Minute // ended by the batch filling, not by time
-	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", lingerFor, 30*time.Second)
-	if err != nil || len(claimed) != lingerFor {
-		t.Fatalf("Claim: %d, %v", len(claimed), err)
-	}
+	run := newSettles(t, w, claimDue(t, e, lingerFor))
 	if w.slots.take(context.Background(), "t2", 1) != 1 { // a request still out
 		t.Fatal("take")
-	}
-	future := time.Now().Add(time.Minute)
-	errs := make([]error, len(claimed))
-	var wg sync.WaitGroup
-	start := func(i int) {
-		c := claimed[i]
-		r := &settleReq{tenant: "t1", deadline: future, done: make(chan settleResult, 1),
-			st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
-		wg.Go(func() { errs[i] = w.settle(context.Background(), r) })
 	}
 	lingering := func() bool {
 		w.settles.mu.Lock()
 		defer w.settles.mu.Unlock()
 		return w.settles.lingering
 	}
-	start(0)
+	run.start(0)
 	waitFor(t, 10*time.Second, "the leader to linger", lingering)
 	for i := 1; i < lingerFor; i++ {
-		start(i)
+		run.start(i)
 	}
-	wg.Wait()
-	for i, err := range errs {
+	run.wait()
+	wantOneBatch(t, m, lingerFor)
+	if w.settles.flushing != 0 || w.settles.lingering {
+		t.Fatalf("settler after the batch: %d flushing, lingering %v", w.settles.flushing, w.settles.lingering)
+	}
+}
+
+// claimDue enqueues n messages of tenant t1 to one endpoint and claims them.
+func claimDue(t *testing.T, e *env, n int) []store.Claimed {
+	t.Helper()
+	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
+	for range n {
+		e.enqueue("t1", "orders", 12)
+	}
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", n, 30*time.Second)
+	if err != nil || len(claimed) != n {
+		t.Fatalf("Claim: %d, %v", len(claimed), err)
+	}
+	return claimed
+}
+
+// settles settles claimed messages as delivered on w, each from its own
+// goroutine as attempts do, with a minute of lease left.
+type settles struct {
+	t       *testing.T
+	w       *Worker
+	claimed []store.Claimed
+	errs    []error
+	wg      sync.WaitGroup
+}
+
+func newSettles(t *testing.T, w *Worker, claimed []store.Claimed) *settles {
+	return &settles{t: t, w: w, claimed: claimed, errs: make([]error, len(claimed))}
+}
+
+func (s *settles) start(i int) {
+	r := delivered(s.claimed[i])
+	s.wg.Go(func() { s.errs[i] = s.w.settle(context.Background(), r) })
+}
+
+// wait waits for every settle started and fails the test on any error.
+func (s *settles) wait() {
+	s.t.Helper()
+	s.wg.Wait()
+	for i, err := range s.errs {
 		if err != nil {
-			t.Errorf("settle %d: %v", i, err)
+			s.t.Errorf("settle %d: %v", i, err)
 		}
 	}
+}
+
+// delivered is the settle request of a delivered attempt of c.
+func delivered(c store.Claimed) *settleReq {
+	return &settleReq{tenant: c.TenantID, deadline: time.Now().Add(time.Minute), done: make(chan settleResult, 1),
+		st: store.Settlement{MessageID: c.MessageID, Attempt: c.Attempt, Outcome: store.SettleDelivered}}
+}
+
+// wantOneBatch fails the test unless m saw exactly one settle batch, of n.
+func wantOneBatch(t *testing.T, m *Metrics, n int) {
+	t.Helper()
 	var h dto.Metric
 	if err := m.settleBatch.Write(&h); err != nil {
 		t.Fatal(err)
 	}
-	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != lingerFor {
+	if h.GetHistogram().GetSampleCount() != 1 || h.GetHistogram().GetSampleSum() != float64(n) {
 		t.Fatalf("settle batches: %d commits of %v settles, want 1 of %d", h.GetHistogram().GetSampleCount(),
-			h.GetHistogram().GetSampleSum(), lingerFor)
-	}
-	if w.settles.flushing != 0 || w.settles.lingering {
-		t.Fatalf("settler after the batch: %d flushing, lingering %v", w.settles.flushing, w.settles.lingering)
+			h.GetHistogram().GetSampleSum(), n)
 	}
 }
 
@@ -216,20 +223,11 @@ func TestLeaderLingersWhileRequestsAreOut(t *testing.T) {
 // nothing more is coming to linger for.
 func TestLoneSettleOfAnIdleWorkerDoesNotLinger(t *testing.T) {
 	e := newEnv(t)
-	e.endpoint("t1", "orders", "http://127.0.0.1:1/hook", "ep")
-	e.enqueue("t1", "orders", 12)
 	w, _ := newWorker(t, e.dsn, opts{})
 	w.settles.lingerMax = time.Hour
-	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", 1, 30*time.Second)
-	if err != nil || len(claimed) != 1 {
-		t.Fatalf("Claim: %d, %v", len(claimed), err)
-	}
+	claimed := claimDue(t, e, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- w.settle(context.Background(), &settleReq{tenant: "t1", deadline: time.Now().Add(time.Minute),
-			done: make(chan settleResult, 1),
-			st:   store.Settlement{MessageID: claimed[0].MessageID, Attempt: claimed[0].Attempt, Outcome: store.SettleDelivered}})
-	}()
+	go func() { done <- w.settle(context.Background(), delivered(claimed[0])) }()
 	select {
 	case err := <-done:
 		if err != nil {
