@@ -218,7 +218,11 @@ func TestSweepsBesideVacuumAndInsertsKeepEveryLiveRow(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sums[i], errs[i] = Sweep(context.Background(), stores[i], time.Now(), Pace{Batch: 50})
+			// Paced (three sweeps at 2,500 rows/s: 2 s for the 15,000) so
+			// VACUUM frees slots and the inserts take some of them while
+			// the sweeps still run; flat out, on a quiet machine the sweeps
+			// could finish beside a single VACUUM, before any slot was taken.
+			sums[i], errs[i] = Sweep(context.Background(), stores[i], time.Now(), Pace{Batch: 50, RowsPerSecond: 2500})
 		}()
 	}
 	wg.Wait()
