@@ -9,6 +9,8 @@
 #                             goes out while the previous 100 are sent)
 #   BENCH_SHARES="default"    DELIVERY_TENANT_MAX_INFLIGHT values, each its own run: "default" (unset: a
 #                             quarter of the concurrency), "off" (= the concurrency) or a number
+#   BENCH_SINK_LATENCY=0s     how long the sink holds each request before answering (a Go duration): an
+#                             endpoint's own time; 0s answers at once (a loopback endpoint)
 #   BENCH_POLL=10ms           DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most
 #                             every min(this, 100ms); the worker's default is 500ms)
 #   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
@@ -52,6 +54,7 @@ concurrency=${BENCH_CONCURRENCY:-200}
 shares=${BENCH_SHARES:-default}
 rounds=${BENCH_ROUNDS:-1}
 poll=${BENCH_POLL:-10ms}
+sink_latency=${BENCH_SINK_LATENCY:-0s}
 river=${BENCH_RIVER:-1}
 baseline=${BENCH_BASELINE:-${BENCH_BASELINE_REV:-}}
 log_level=${BENCH_LOG_LEVEL:-warn}
@@ -134,7 +137,7 @@ for r in $(seq "$rounds"); do
 				prof=()
 				if [ -n "$profile_dir" ]; then prof=(--profile-dir "$profile_dir/round-$r-workers-$w-share-$s-$b"); fi
 				out=$("$bindir/loadgen-delivery" --database-url "$dsn" --worker-bin "$bin" \
-					--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" \
+					--workers "$w" --concurrency "$concurrency" --tenant-max-inflight "$share" --poll-interval "$poll" --messages "$messages" --sink-latency "$sink_latency" \
 					--worker-log-level "$log_level" ${prof[@]+"${prof[@]}"})
 				log "$out"
 				row "$r" "$label" "$s" "$(printf '%.0f' "$(field "$out" raw_rows_per_second)")" \
@@ -159,5 +162,5 @@ for r in $(seq "$rounds"); do
 done
 
 echo
-echo "delivery-worker backlog drain vs raw Claim+SettleBatch; cpu us/msg: worker+sink+pg, River: river+pg ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, shares: $shares, LOG_LEVEL $log_level${baseline:+, baseline $baseline})"
+echo "delivery-worker backlog drain vs raw Claim+SettleBatch; cpu us/msg: worker+sink+pg, River: river+pg ($(date -u +%Y-%m-%dT%H:%MZ), $messages messages, concurrency $concurrency, poll $poll, sink latency $sink_latency, shares: $shares, LOG_LEVEL $log_level${baseline:+, baseline $baseline})"
 printf '%s\n' "${rows[@]}"

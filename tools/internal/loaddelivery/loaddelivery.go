@@ -50,7 +50,10 @@ type Config struct {
 	PollInterval time.Duration // DELIVERY_POLL_INTERVAL of each
 	Messages     int           // backlog size
 	PayloadBytes int           // body padding
-	Timeout      time.Duration // bound on the worker drain
+	// SinkLatency is how long the sink holds each request before it
+	// answers: an endpoint's own time (0: at once, a loopback sink).
+	SinkLatency time.Duration
+	Timeout     time.Duration // bound on the worker drain
 	// WorkerLogLevel is LOG_LEVEL of each worker: "warn" keeps the drain
 	// quiet; "info" adds the line a settled attempt logs, as in production.
 	WorkerLogLevel string
@@ -69,6 +72,7 @@ type Report struct {
 	Concurrency     int     `json:"concurrency"`
 	TenantShare     int     `json:"tenant_max_inflight"` // 0: the worker's default
 	BodyBytes       int     `json:"body_bytes"`
+	SinkLatencyMs   float64 `json:"sink_latency_ms"`
 	RawRowsPerSec   float64 `json:"raw_rows_per_second"`
 	WorkerPerSec    float64 `json:"worker_deliveries_per_second"`
 	WorkerVsRaw     float64 `json:"worker_vs_raw"`
@@ -106,6 +110,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs.DurationVar(&c.PollInterval, "poll-interval", 10*time.Millisecond, "DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most every min(this, 100ms))")
 	fs.IntVar(&c.Messages, "messages", 20000, "backlog size")
 	fs.IntVar(&c.PayloadBytes, "payload-bytes", 1000, "body padding (about 1 KiB bodies)")
+	fs.DurationVar(&c.SinkLatency, "sink-latency", 0, "how long the sink holds each request before it answers (an endpoint's own time)")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Minute, "bound on the worker drain")
 	fs.StringVar(&c.WorkerLogLevel, "worker-log-level", "warn", "LOG_LEVEL of each worker (info: one line per settled attempt, discarded)")
 	fs.StringVar(&c.ProfileDir, "profile-dir", "", "write the first worker's CPU profile of the drain and the drain's pg_stat_statements here")
@@ -119,7 +124,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = getenv("DATABASE_URL")
 	}
-	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 ||
+	if c.DatabaseURL == "" || c.WorkerBin == "" || c.Workers < 1 || c.Concurrency < 1 || c.Messages < 2 || c.PayloadBytes < 0 || c.SinkLatency < 0 ||
 		c.TenantShare < 0 || c.TenantShare > c.Concurrency || c.PollInterval <= 0 || c.ProfileSeconds < 1 || c.ProfileSeconds > 25 {
 		fmt.Fprintln(stderr, "loadgen-delivery: --database-url, --worker-bin, --workers >= 1, --concurrency >= 1, --messages >= 2 are required; --tenant-max-inflight is 0 to --concurrency")
 		return 2
@@ -147,6 +152,7 @@ type sink struct {
 	done        chan struct{}
 	inFlight    int
 	maxInFlight int
+	latency     time.Duration // held before answering
 }
 
 func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -175,6 +181,16 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Unlock()
+	// Held after the receipt is timed: the latency figures stay due to
+	// receipt, and the answer comes an endpoint's time later.
+	if s.latency > 0 {
+		t := time.NewTimer(s.latency)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+		}
+		t.Stop()
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -198,7 +214,8 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	_, _ = rand.Read(tag)
 	tenant := "bench-" + hex.EncodeToString(tag)
 
-	snk := &sink{first: map[string]time.Time{}, want: c.Messages, done: make(chan struct{}), started: make(chan struct{})}
+	snk := &sink{first: map[string]time.Time{}, want: c.Messages, done: make(chan struct{}), started: make(chan struct{}),
+		latency: c.SinkLatency}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return Report{}, fmt.Errorf("sink listen: %w", err)
@@ -216,7 +233,8 @@ func Run(ctx context.Context, c Config, logw io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Messages: c.Messages, Workers: c.Workers, Concurrency: c.Concurrency, TenantShare: c.TenantShare, BodyBytes: body}
+	rep := Report{Messages: c.Messages, Workers: c.Workers, Concurrency: c.Concurrency, TenantShare: c.TenantShare, BodyBytes: body,
+		SinkLatencyMs: float64(c.SinkLatency) / float64(time.Millisecond)}
 	if err := vacuum(ctx, db); err != nil {
 		return Report{}, err
 	}

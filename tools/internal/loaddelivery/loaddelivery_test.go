@@ -30,6 +30,7 @@ func TestMainRefusesIncompleteCommandLines(t *testing.T) {
 		{"--worker-bin", "w", "--database-url", "d", "--concurrency", "16", "--tenant-max-inflight", "17"},
 		{"--worker-bin", "w", "--database-url", "d", "--tenant-max-inflight", "-1"},
 		{"--worker-bin", "w", "--database-url", "d", "--poll-interval", "0s"},
+		{"--worker-bin", "w", "--database-url", "d", "--sink-latency", "-1ms"},
 		{"--no-such-flag"},
 	} {
 		var out, errw bytes.Buffer
@@ -58,13 +59,14 @@ func TestHelpHidesDatabaseURL(t *testing.T) {
 
 // A small end-to-end run: the built worker drains the backlog once, every
 // message reaches the sink once and ends delivered, and the one tenant never
-// has more than its share in flight.
+// has more than its share in flight. The sink holds each request, so the
+// share is also reached.
 func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	bin := buildtest.Binary(t, "services/delivery-worker", t.TempDir())
 	dsn := storetest.NewDatabase(t)
 	var out bytes.Buffer
 	code := Main(context.Background(), []string{"--database-url", dsn, "--worker-bin", bin, "--messages", "300",
-		"--concurrency", "16", "--tenant-max-inflight", "3", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
+		"--concurrency", "16", "--tenant-max-inflight", "3", "--sink-latency", "10ms", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -75,8 +77,8 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	if rep.Messages != 300 || rep.DeliveredInDB != 300 || rep.DuplicateHits != 0 || rep.BodyBytes < 1000 {
 		t.Fatalf("report %+v: want 300 delivered once, ~1 KiB bodies", rep)
 	}
-	if rep.TenantShare != 3 || rep.SinkMaxInFlight < 1 || rep.SinkMaxInFlight > 3 {
-		t.Fatalf("report %+v: want share 3 and 1-3 requests at once at the sink", rep)
+	if rep.TenantShare != 3 || rep.SinkMaxInFlight != 3 || rep.SinkLatencyMs != 10 {
+		t.Fatalf("report %+v: want share 3, 3 requests at once at the sink, each held 10ms", rep)
 	}
 	if rep.RawRowsPerSec <= 0 || rep.WorkerPerSec <= 0 || rep.WorkerVsRaw <= 0 {
 		t.Fatalf("report %+v: rates must be positive", rep)
