@@ -19,6 +19,10 @@
 #                             workers (tools/loadgen-river: as many River workers as DELIVERY_CONCURRENCY,
 #                             FetchPollInterval BENCH_POLL, the same backlog size): the reference of issue 14
 #                             (one worker >= 1.0x River). 0 skips it.
+#   BENCH_RIVER_WORK="noop"   what River's jobs do, each listed kind its own River run: "noop" (row "River")
+#                             or "post" (row "River+post": each job POSTs its ~1 KiB args, signed as the
+#                             worker signs, to a loopback sink in River's process), so "River+post" minus
+#                             "River" is the HTTP delivery's cost and the rest is the queue's
 #   BENCH_BASELINE=           a git revision: also build delivery-worker as of it and run it before the
 #                             current build for every worker count and share of a round (rows "W@base"),
 #                             so a change is measured against its baseline in the same run
@@ -37,9 +41,10 @@
 # completed): "cpu us/msg" is worker+sink+pg µs of CPU per message for worker rows (the worker
 # processes; loadgen-delivery's own process, that is the loopback sink and its bookkeeping; every
 # postgres process of the server) and river+pg per job for River rows (River's process: client and
-# workers; the server), and "cores" is that CPU over the window's wall time. The server's figure is
-# the whole server's: another load on it during the run counts too. "-" where /proc is not readable
-# (or, for pg, no postgres process runs on this machine). See tools/internal/proccpu.
+# workers, and for River+post its sink too; the server), and "cores" is that CPU over the window's
+# wall time. The server's figure is the whole server's: another load on it during the run counts too.
+# "-" where /proc is not readable (or, for pg, no postgres process runs on this machine). See
+# tools/internal/proccpu.
 #
 # It ensures PostgreSQL (scripts/pg.sh), builds envctl, delivery-worker and loadgen-delivery into
 # .tmp/bin, and for each worker count makes a fresh database envelopeworker_bench_delivery, migrates it
@@ -89,7 +94,14 @@ if [ -n "$baseline" ]; then
 	build_at_rev "$baseline" ./services/delivery-worker "$bindir/delivery-worker-baseline"
 	builds=(baseline current)
 fi
+river_work=${BENCH_RIVER_WORK:-noop}
 if [ "$river" = 1 ]; then
+	for k in $river_work; do
+		case $k in
+		noop | post) ;;
+		*) die "BENCH_RIVER_WORK: $k is not noop or post" ;;
+		esac
+	done
 	# Its own module, outside go.work: River's dependencies stay out of the services'.
 	# Building it may need its modules downloaded: without them the worker runs are still worth having.
 	if ! (cd "$root/tools/loadgen-river" && GOWORK=off go build -o "$bindir/loadgen-river" .); then
@@ -150,14 +162,19 @@ for r in $(seq "$rounds"); do
 		done
 	done
 	if [ "$river" = 1 ]; then
-		fresh_db "$admin" "$db"
-		dsn=$(dsn_with_db "$admin" "$db")
-		log "round $r: River, $messages no-op jobs, $concurrency workers"
-		out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll")
-		log "$out"
-		row "$r" "River" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
-			"$(cpu "$out" river_cpu_us_per_job postgres_cpu_us_per_job)" "$(dash "$out" cpu_cores_busy)" \
-			"$(field "$out" load_average_1m)"
+		for k in $river_work; do
+			label=River
+			if [ "$k" = post ]; then label=River+post; fi
+			fresh_db "$admin" "$db"
+			dsn=$(dsn_with_db "$admin" "$db")
+			log "round $r: $label, $messages $k jobs, $concurrency workers"
+			out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll" \
+				--work "$k" --sink-latency "${BENCH_SINK_LATENCY:-0s}")
+			log "$out"
+			row "$r" "$label" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
+				"$(cpu "$out" river_cpu_us_per_job postgres_cpu_us_per_job)" "$(dash "$out" cpu_cores_busy)" \
+				"$(field "$out" load_average_1m)"
+		done
 	fi
 done
 

@@ -1,11 +1,19 @@
 // Command loadgen-river is the reference scripts/bench-delivery.sh compares
 // delivery-worker with: River (github.com/riverqueue/river) working a
-// backlog of no-op jobs with about 1 KiB of arguments, on the same
-// PostgreSQL, with as many workers as the delivery-worker has attempt slots.
-// It inserts the backlog, vacuums as loadgen-delivery does, starts one
-// client and reports, as one JSON line, the jobs completed per second from
-// the first completion to the last (start-up is not work, as for the
-// worker).
+// backlog of jobs with about 1 KiB of arguments, on the same PostgreSQL,
+// with as many workers as the delivery-worker has attempt slots. It inserts
+// the backlog, vacuums as loadgen-delivery does, starts one client and
+// reports, as one JSON line, the jobs completed per second from the first
+// completion to the last (start-up is not work, as for the worker).
+//
+// With --work noop (the default) a job does nothing: the cost of the queue
+// alone. With --work post a job does the HTTP work of a delivery attempt:
+// it POSTs its encoded arguments, signed as the worker signs (Standard
+// Webhooks, HMAC-SHA256), to a loopback sink in this process that answers
+// 204 after --sink-latency. The difference between the two is the cost of
+// the delivery itself. The sink runs in this process, so its CPU counts in
+// River's figure (river_cpu_us_per_job), where for the worker it is
+// reported apart.
 //
 // It is a module of its own, outside go.work, so that River and the pgx
 // version it needs stay out of the services' dependency graph; build it with
@@ -13,17 +21,26 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,19 +58,24 @@ type config struct {
 	poll         time.Duration
 	maxConns     int
 	timeout      time.Duration
+	work         string        // noop or post
+	sinkLatency  time.Duration // post: how long the sink waits before answering
 }
 
 type report struct {
 	Jobs          int     `json:"jobs"`
 	Workers       int     `json:"workers"`
 	ArgsBytes     int     `json:"args_bytes"`
+	Work          string  `json:"work"`                    // noop, or post: each job POSTs its args to the sink
+	SinkLatencyMS float64 `json:"sink_latency_ms"`         // post: the sink's wait before answering (0 for noop: no sink)
+	SinkReceipts  int64   `json:"sink_receipts,omitempty"` // post: requests the sink read (retries included)
 	JobsPerSecond float64 `json:"river_jobs_per_second"`
 	RiverVersion  string  `json:"river_version"`
 	LoadAverage1m string  `json:"load_average_1m"`
 	// CPU from the client's start to the last job completed, per job, as
 	// loadgen-delivery reports the drain's (its comment says which
 	// figures go absent when). PostgreSQL's is the whole server's.
-	RiverCPUPerJob    float64 `json:"river_cpu_us_per_job,omitempty"`    // this process: River's client and workers (getrusage)
+	RiverCPUPerJob    float64 `json:"river_cpu_us_per_job,omitempty"`    // this process: River's client and workers, and in post mode the sink too (getrusage)
 	PostgresCPUPerJob float64 `json:"postgres_cpu_us_per_job,omitempty"` // every postgres process, reaped backends included
 	CPUCoresBusy      float64 `json:"cpu_cores_busy,omitempty"`          // the two over the window's wall time
 }
@@ -70,6 +92,111 @@ type noopWorker struct {
 }
 
 func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil }
+
+// postArgs are noopArgs under a kind of their own: the post mode's jobs.
+type postArgs struct {
+	Pad string `json:"pad"`
+}
+
+func (postArgs) Kind() string { return "post" }
+
+// postWorker delivers each job's encoded arguments to url as the
+// delivery-worker delivers a message's body (one attempt, no retry of its
+// own: an error makes River retry, which a run must never need).
+type postWorker struct {
+	river.WorkerDefaults[postArgs]
+	client *http.Client
+	url    string
+	key    []byte
+}
+
+func newPostWorker(url string, workers int) *postWorker {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	// As the worker's transport: one idle connection kept per attempt slot,
+	// so no request waits for a dial once all are open.
+	tr := &http.Transport{MaxIdleConnsPerHost: workers}
+	return &postWorker{client: &http.Client{Transport: tr}, url: url, key: key}
+}
+
+func (w *postWorker) Work(ctx context.Context, job *river.Job[postArgs]) error {
+	// The worker bounds an attempt with its context, not Client.Timeout.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	body := job.EncodedArgs
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	id := strconv.FormatInt(job.ID, 10)
+	ts := time.Now().Unix()
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	req.Header.Set("webhook-signature", signature(w.key, id, ts, body))
+	req.Header.Set("Idempotency-Key", id)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read to the end so the connection goes back to the idle pool.
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("sink answered %s", resp.Status)
+	}
+	return nil
+}
+
+// signature is a Standard Webhooks v1 webhook-signature value, as
+// services/delivery-worker/internal/signer computes it for an HMAC secret
+// (re-implemented: that module is outside this one's graph).
+func signature(key []byte, id string, ts int64, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write(strconv.AppendInt(nil, ts, 10))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// sink is the post mode's loopback receiver: it reads each body whole,
+// counts it, and answers 204 after its latency.
+type sink struct {
+	latency  time.Duration
+	receipts atomic.Int64
+	url      string
+	srv      *http.Server
+}
+
+func startSink(latency time.Duration) (*sink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("sink listen: %w", err)
+	}
+	s := &sink{latency: latency, url: "http://" + ln.Addr().String() + "/hook"}
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+func (s *sink) Close() { _ = s.srv.Close() }
+
+func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	s.receipts.Add(1)
+	if s.latency > 0 {
+		t := time.NewTimer(s.latency)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done(): // the client gave up: nobody reads the answer
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -89,6 +216,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.poll, "poll-interval", time.Second, "River FetchPollInterval (its default is 1s)")
 	fs.IntVar(&c.maxConns, "max-conns", 8, "pool size (the delivery-worker's DB_MAX_OPEN_CONNS)")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "bound on the drain")
+	fs.StringVar(&c.work, "work", "noop", "what a job does: noop, or post (a signed POST of its args to a loopback sink in this process)")
+	fs.DurationVar(&c.sinkLatency, "sink-latency", 0, "post: how long the sink waits before answering (noop ignores it)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -100,6 +229,10 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if c.databaseURL == "" || c.jobs < 2 || c.workers < 1 || c.payloadBytes < 0 || c.maxConns < 2 {
 		fmt.Fprintln(stderr, "loadgen-river: --database-url, --jobs >= 2, --workers >= 1, --max-conns >= 2 are required")
+		return 2
+	}
+	if (c.work != "noop" && c.work != "post") || c.sinkLatency < 0 {
+		fmt.Fprintln(stderr, "loadgen-river: --work is noop or post, --sink-latency >= 0")
 		return 2
 	}
 	rep, err := run(ctx, c, stderr)
@@ -133,7 +266,18 @@ func run(ctx context.Context, c config, logw io.Writer) (report, error) {
 	}
 
 	workers := river.NewWorkers()
-	river.AddWorker(workers, noopWorker{})
+	var args river.JobArgs = noopArgs{Pad: strings.Repeat("x", c.payloadBytes)}
+	var snk *sink
+	if c.work == "post" {
+		if snk, err = startSink(c.sinkLatency); err != nil {
+			return report{}, err
+		}
+		defer snk.Close() // after the client's Stop, deferred below
+		river.AddWorker(workers, newPostWorker(snk.url, c.workers))
+		args = postArgs{Pad: strings.Repeat("x", c.payloadBytes)}
+	} else {
+		river.AddWorker(workers, noopWorker{})
+	}
 	client, err := river.NewClient(driver, &river.Config{
 		Logger:            slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: c.workers}},
@@ -145,7 +289,6 @@ func run(ctx context.Context, c config, logw io.Writer) (report, error) {
 		return report{}, fmt.Errorf("client: %w", err)
 	}
 
-	args := noopArgs{Pad: strings.Repeat("x", c.payloadBytes)}
 	argsJSON, _ := json.Marshal(args)
 	fmt.Fprintf(logw, "inserting %d jobs\n", c.jobs)
 	for done := 0; done < c.jobs; {
@@ -199,8 +342,15 @@ func run(ctx context.Context, c config, logw io.Writer) (report, error) {
 	if cpuErr == nil {
 		cpu1, cpuErr = Take()
 	}
-	rep := report{Jobs: c.jobs, Workers: c.workers, ArgsBytes: len(argsJSON),
+	rep := report{Jobs: c.jobs, Workers: c.workers, ArgsBytes: len(argsJSON), Work: c.work,
 		JobsPerSecond: float64(c.jobs-1) / last.Sub(first).Seconds(), RiverVersion: riverVersion()}
+	if snk != nil {
+		rep.SinkLatencyMS = float64(c.sinkLatency) / float64(time.Millisecond)
+		rep.SinkReceipts = snk.receipts.Load()
+		if rep.SinkReceipts < int64(c.jobs) {
+			return report{}, fmt.Errorf("the sink read %d requests for %d completed jobs", rep.SinkReceipts, c.jobs)
+		}
+	}
 	if cpuErr == nil {
 		own, pg := cpu1.Self-cpu0.Self, cpu1.Postgres-cpu0.Postgres
 		if cpu1.PostgresProcs == 0 {
