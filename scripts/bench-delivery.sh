@@ -129,7 +129,7 @@ cpu() {
 	printf '%s' "${parts[*]}"
 }
 rows=()
-row() { rows+=("$(printf '%-6s %-8s %-8s %12s %14s %8s %9s %9s %9s %9s %16s %6s %6s' "$@")"); }
+row() { rows+=("$(printf '%-6s %-10s %-8s %12s %14s %8s %9s %9s %9s %9s %16s %6s %6s' "$@")"); }
 row "round" "workers" "share" "raw rows/s" "worker msgs/s" "ratio" "sink max" "p50 ms" "p99 ms" "max ms" "cpu us/msg" "cores" "load"
 for r in $(seq "$rounds"); do
 	for w in $workers_list; do
@@ -169,7 +169,7 @@ for r in $(seq "$rounds"); do
 			dsn=$(dsn_with_db "$admin" "$db")
 			log "round $r: $label, $messages $k jobs, $concurrency workers"
 			out=$("$bindir/loadgen-river" --database-url "$dsn" --jobs "$messages" --workers "$concurrency" --poll-interval "$poll" \
-				--work "$k" --sink-latency "${BENCH_SINK_LATENCY:-0s}")
+				--work "$k" --sink-latency "$sink_latency")
 			log "$out"
 			row "$r" "$label" "-" "-" "$(printf '%.0f' "$(field "$out" river_jobs_per_second)")" "-" "-" "-" "-" "-" \
 				"$(cpu "$out" river_cpu_us_per_job postgres_cpu_us_per_job)" "$(dash "$out" cpu_cores_busy)" \
