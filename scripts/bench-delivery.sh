@@ -9,7 +9,7 @@
 #                             goes out while the previous 100 are sent)
 #   BENCH_SHARES="default"    DELIVERY_TENANT_MAX_INFLIGHT values, each its own run: "default" (unset: a
 #                             quarter of the concurrency), "off" (= the concurrency) or a number
-#   BENCH_SINK_LATENCY=0s     how long the sink holds each request before answering (a Go duration): an
+#   BENCH_SINK_LATENCY=0s     how long the sink (River+post's too) holds each request before answering (a Go duration): an
 #                             endpoint's own time; 0s answers at once (a loopback endpoint)
 #   BENCH_POLL=10ms           DELIVERY_POLL_INTERVAL of each worker (due tenants are listed again at most
 #                             every min(this, 100ms); the worker's default is 500ms)
