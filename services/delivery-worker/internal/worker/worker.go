@@ -342,7 +342,8 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 	}
 	w.m.claimed.Observe(float64(len(claimed)))
 	w.slots.release(tenant, held-len(claimed))
-	for _, c := range claimed {
+	for i := range claimed {
+		c := &claimed[i]
 		inflight.Add(1)
 		w.m.inFlight.Inc()
 		go func() {
@@ -359,17 +360,19 @@ func (w *Worker) claimAndStart(ctx, workCtx context.Context, tenant string, infl
 // Attempt sends one claimed message and settles the outcome, unless the
 // lease deadline has passed or ctx ended first.
 func (w *Worker) Attempt(ctx context.Context, c store.Claimed, deadline time.Time) {
-	w.attempt(ctx, c, deadline, func() {})
+	w.attempt(ctx, &c, deadline, func() {})
 }
 
 // attempt is Attempt, calling answered as soon as the request has ended,
-// before the outcome is settled.
-func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Time, answered func()) {
+// before the outcome is settled. It lets go of c.Body then: the settle may
+// wait behind a group commit, and a body (up to 1 MiB) held until then
+// doubled what a worker's attempts keep in memory.
+func (w *Worker) attempt(ctx context.Context, c *store.Claimed, deadline time.Time, answered func()) {
 	sendBy := deadline.Add(-w.cfg.settleMargin())
 	actx, cancel := context.WithDeadline(ctx, sendBy)
 	defer cancel()
 	start := time.Now()
-	actx, span := w.startAttempt(actx, c)
+	actx, span := w.startAttempt(actx, *c)
 	var res sender.Result
 	var err error
 	switch {
@@ -392,6 +395,7 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 			slog.String("message_id", c.MessageID), slog.String("endpoint_id", c.EndpointID))
 	}
 	answered()
+	c.Body = nil
 	w.endAttempt(span, res, err)
 	took := time.Since(start)
 	elapsed := took.Seconds()
@@ -444,7 +448,7 @@ func (w *Worker) attempt(ctx context.Context, c store.Claimed, deadline time.Tim
 	switch {
 	case err == nil:
 		w.m.attempts.WithLabelValues(verdict.String(), res.Code).Inc()
-		w.logSettled(c, verdict, res, took)
+		w.logSettled(*c, verdict, res, took)
 		if res.DisableEndpoint {
 			w.log.Info("endpoint disabled after 410 Gone", slog.String("endpoint_id", c.EndpointID))
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -184,6 +185,64 @@ func TestBlockedAndRedirectDieAtOnce(t *testing.T) {
 	}
 	if attempts(m, "dead", "redirect_refused") != 1 || attempts(m, "dead", "blocked_address") != 1 {
 		t.Fatal("dead attempts not counted")
+	}
+}
+
+// An answered attempt lets go of its body while its settle waits (here
+// behind a row lock an operator's transaction holds): bodies of up to 1 MiB
+// waiting for a group commit would otherwise double what a worker's
+// attempts keep in memory.
+func TestAnsweredAttemptLetsGoOfItsBodyBeforeItSettles(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(*http.Request, int) int { return http.StatusOK })
+	e.endpoint("t1", "orders", rc.srv.URL+"/hook", "ep")
+	_, ids := e.enqueue("t1", "orders", 12)
+	w, _ := newWorker(t, e.dsn, opts{})
+	claimed, err := e.st.Outbox().Claim(context.Background(), "t1", 1, 30*time.Second)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %d", err, len(claimed))
+	}
+
+	tx, err := e.admin.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.Exec(`SELECT 1 FROM outbox_messages WHERE message_id = $1 FOR UPDATE`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	// The body the attempt gets is the only reference to its bytes.
+	c := claimed[0]
+	c.Body = bytes.Clone(c.Body)
+	freed := make(chan struct{})
+	runtime.AddCleanup(&c.Body[0], func(ch chan struct{}) { close(ch) }, freed)
+	done := make(chan struct{})
+	go func(c store.Claimed) {
+		defer close(done)
+		w.Attempt(context.Background(), c, time.Now().Add(30*time.Second))
+	}(c)
+	c, claimed = store.Claimed{}, nil
+
+	waitFor(t, 10*time.Second, "the receipt", func() bool { return rc.hits(ids[0]) == 1 })
+	waitFor(t, 5*time.Second, "the body to be collected while the settle waits", func() bool {
+		runtime.GC()
+		select {
+		case <-freed:
+			return true
+		default:
+			return false
+		}
+	})
+	if s := e.status("t1", ids[0]); s.Status != store.StatusDelivering {
+		t.Fatalf("settled before the lock was released: %+v", s)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if s := e.status("t1", ids[0]); s.Status != store.StatusDelivered {
+		t.Fatalf("after the lock: %+v, want delivered", s)
 	}
 }
 
