@@ -15,10 +15,10 @@
 #                             every min(this, 100ms); the worker's default is 500ms)
 #   BENCH_ROUNDS=1            rounds; each round runs every worker count and share once, in order, so
 #                             compared settings alternate on a machine whose load drifts
-#   BENCH_RIVER=1             also run River on no-op jobs with ~1 KiB arguments once a round, after the
-#                             workers (tools/loadgen-river: as many River workers as DELIVERY_CONCURRENCY,
-#                             FetchPollInterval BENCH_POLL, the same backlog size): the reference of issue 14
-#                             (one worker >= 1.0x River). 0 skips it.
+#   BENCH_RIVER=1             also run River on jobs with ~1 KiB arguments, one run per BENCH_RIVER_WORK
+#                             kind once a round, after the workers (tools/loadgen-river: as many River
+#                             workers as DELIVERY_CONCURRENCY, FetchPollInterval BENCH_POLL, the same
+#                             backlog size): the reference of issue 14 (one worker >= 1.0x River). 0 skips it.
 #   BENCH_RIVER_WORK="noop"   what River's jobs do, each listed kind its own River run: "noop" (row "River")
 #                             or "post" (row "River+post": each job POSTs its ~1 KiB args, signed as the
 #                             worker signs, to a loopback sink in River's process), so "River+post" minus
@@ -61,6 +61,7 @@ rounds=${BENCH_ROUNDS:-1}
 poll=${BENCH_POLL:-10ms}
 sink_latency=${BENCH_SINK_LATENCY:-0s}
 river=${BENCH_RIVER:-1}
+river_work=${BENCH_RIVER_WORK:-noop}
 baseline=${BENCH_BASELINE:-${BENCH_BASELINE_REV:-}}
 log_level=${BENCH_LOG_LEVEL:-warn}
 profile_dir=${BENCH_PROFILE_DIR:-}
@@ -72,6 +73,14 @@ for s in $shares; do
 	esac
 done
 [[ $rounds =~ ^[0-9]+$ ]] && [ "$rounds" -ge 1 ] || die "BENCH_ROUNDS must be a positive integer"
+[[ $sink_latency =~ ^[0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h)$ ]] || die "BENCH_SINK_LATENCY: $sink_latency is not a Go duration such as 0s or 5ms"
+[ -n "${river_work// /}" ] || die "BENCH_RIVER_WORK lists no kind (noop, post)"
+for k in $river_work; do
+	case $k in
+	noop | post) ;;
+	*) die "BENCH_RIVER_WORK: $k is not noop or post" ;;
+	esac
+done
 need psql "install the PostgreSQL client (Debian: postgresql-client)"
 need go "install Go 1.26"
 
@@ -94,14 +103,7 @@ if [ -n "$baseline" ]; then
 	build_at_rev "$baseline" ./services/delivery-worker "$bindir/delivery-worker-baseline"
 	builds=(baseline current)
 fi
-river_work=${BENCH_RIVER_WORK:-noop}
 if [ "$river" = 1 ]; then
-	for k in $river_work; do
-		case $k in
-		noop | post) ;;
-		*) die "BENCH_RIVER_WORK: $k is not noop or post" ;;
-		esac
-	done
 	# Its own module, outside go.work: River's dependencies stay out of the services'.
 	# Building it may need its modules downloaded: without them the worker runs are still worth having.
 	if ! (cd "$root/tools/loadgen-river" && GOWORK=off go build -o "$bindir/loadgen-river" .); then

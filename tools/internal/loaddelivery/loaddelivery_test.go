@@ -66,7 +66,7 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	dsn := storetest.NewDatabase(t)
 	var out bytes.Buffer
 	code := Main(context.Background(), []string{"--database-url", dsn, "--worker-bin", bin, "--messages", "300",
-		"--concurrency", "16", "--tenant-max-inflight", "3", "--sink-latency", "10ms", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
+		"--concurrency", "16", "--tenant-max-inflight", "3", "--sink-latency", "50ms", "--timeout", "2m"}, func(string) string { return "" }, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -77,8 +77,8 @@ func TestRunDrainsBacklogThroughTheWorker(t *testing.T) {
 	if rep.Messages != 300 || rep.DeliveredInDB != 300 || rep.DuplicateHits != 0 || rep.BodyBytes < 1000 {
 		t.Fatalf("report %+v: want 300 delivered once, ~1 KiB bodies", rep)
 	}
-	if rep.TenantShare != 3 || rep.SinkMaxInFlight != 3 || rep.SinkLatencyMs != 10 {
-		t.Fatalf("report %+v: want share 3, 3 requests at once at the sink, each held 10ms", rep)
+	if rep.TenantShare != 3 || rep.SinkMaxInFlight != 3 || rep.SinkLatencyMs != 50 {
+		t.Fatalf("report %+v: want share 3, 3 requests at once at the sink, each held 50ms", rep)
 	}
 	if rep.RawRowsPerSec <= 0 || rep.WorkerPerSec <= 0 || rep.WorkerVsRaw <= 0 {
 		t.Fatalf("report %+v: rates must be positive", rep)

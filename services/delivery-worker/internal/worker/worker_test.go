@@ -217,12 +217,16 @@ func TestAnsweredAttemptLetsGoOfItsBodyBeforeItSettles(t *testing.T) {
 	c.Body = bytes.Clone(c.Body)
 	freed := make(chan struct{})
 	runtime.AddCleanup(&c.Body[0], func(ch chan struct{}) { close(ch) }, freed)
-	done := make(chan struct{})
-	go func(c store.Claimed) {
-		defer close(done)
-		w.Attempt(context.Background(), c, time.Now().Add(30*time.Second))
-	}(c)
+	// Handed over through a channel, whose slot is cleared on receipt, so
+	// no copy outlives the one Attempt holds.
+	handover := make(chan store.Claimed, 1)
+	handover <- c
 	c, claimed = store.Claimed{}, nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Attempt(context.Background(), <-handover, time.Now().Add(30*time.Second))
+	}()
 
 	waitFor(t, 10*time.Second, "the receipt", func() bool { return rc.hits(ids[0]) == 1 })
 	waitFor(t, 5*time.Second, "the body to be collected while the settle waits", func() bool {
