@@ -125,7 +125,6 @@ func SessionSetting(ctx context.Context, s *Store, name string) (string, error) 
 // (claimPlanModeSQL).
 func ClaimPlanMode(ctx context.Context, db *sql.DB) (string, error) {
 	var mode string
-	err := db.QueryRowContext(ctx, claimPlanModeStmt.text,
-		claimPlanModeStmt.bind(pgx.StrictNamedArgs{"min_rows": ClaimGenericMinRows})).Scan(&mode)
+	err := db.QueryRowContext(ctx, claimPlanModeStmt.text, claimPlanModeArgs).Scan(&mode)
 	return mode, err
 }

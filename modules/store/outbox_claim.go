@@ -250,6 +250,10 @@ WHERE c.oid = 'outbox_messages'::regclass
 // TestHotStatementPlansUseTheirKeys checks them at that size).
 const ClaimGenericMinRows = 10000
 
+// claimPlanModeArgs are claimPlanModeSQL's arguments, the same for every
+// claim (a bound statement is only read, so claims share it).
+var claimPlanModeArgs = claimPlanModeStmt.bind(pgx.StrictNamedArgs{"min_rows": ClaimGenericMinRows})
+
 // Claim leases at most max (1..MaxClaim) due messages of one tenant for lease
 // (0 < lease <= MaxLease), incrementing each one's attempt counter. The
 // returned messages are in no particular order. In the same transaction it
@@ -272,12 +276,12 @@ func (s *Outbox) Claim(ctx context.Context, tenant string, max int, lease time.D
 	return out, nil
 }
 
-// runClaim sends BEGIN, the plan mode (claimPlanModeSQL), the claim, the due row's lock, the raise and COMMIT as one
-// pipeline: one round trip, as the claim alone took before. A
-// failure part-way aborts the transaction (the server skips the rest of
-// the pipeline, COMMIT included), so nothing is claimed without its raise.
-// Every path leaves the connection idle, or marks it bad so the pool drops
-// it.
+// runClaim sends BEGIN, the plan mode (claimPlanModeSQL), the claim, the
+// due row's lock, the raise and COMMIT as one pipeline: one round trip, as
+// the claim alone took before. A failure part-way aborts the transaction
+// (the server skips the rest of the pipeline, COMMIT included), so nothing
+// is claimed without its raise. Every path leaves the connection idle, or
+// marks it bad so the pool drops it.
 func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMicros, retentionMicros int64) (_ []Claimed, err error) {
 	defer func() {
 		if err != nil {
@@ -287,7 +291,7 @@ func runClaim(ctx context.Context, c *pgx.Conn, tenant string, max int, leaseMic
 	named := pgx.StrictNamedArgs{"tenant": tenant}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(claimPlanModeStmt.text, claimPlanModeStmt.bind(pgx.StrictNamedArgs{"min_rows": ClaimGenericMinRows}))
+	b.Queue(claimPlanModeStmt.text, claimPlanModeArgs)
 	b.Queue(claimStmt.text, claimStmt.bind(pgx.StrictNamedArgs{"tenant": tenant, "max": max,
 		"lease_us": leaseMicros, "retention_us": retentionMicros}))
 	b.Queue(lockDueTenantStmt.text, lockDueTenantStmt.bind(named))

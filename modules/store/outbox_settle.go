@@ -22,7 +22,7 @@ import (
 // The update then changes the row pre locked, by its ctid, joining pre's
 // row for its values; correlated subqueries into pre instead scanned the
 // whole batch once per message (82 us a message at 100, 130 at 1,000;
-// now 53 and 36: BenchmarkSettleBatchSize). A version committed while pre
+// now 71 and 33: BenchmarkSettleBatchSize, docs/benchmarks.md). A version committed while pre
 // waited for its lock is not in this statement's snapshot, so its update
 // does not match; settleSet sends such a settle again.
 //

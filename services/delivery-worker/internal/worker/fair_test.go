@@ -344,3 +344,17 @@ func TestSlotsHungRequestsDoNotStopClaims(t *testing.T) {
 		t.Fatalf("c took %d with 20 free beside hung requests, want 20", n)
 	}
 }
+
+// held reports the slots in use in all and by tenant, in one lock.
+func (s *slots) held(tenant string) (all, ofTenant int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse, s.byTenant[tenant]
+}
+
+// waitingToSettle reports the answered attempts not yet settled.
+func (s *slots) waitingToSettle() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.settling
+}

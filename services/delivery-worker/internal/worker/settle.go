@@ -16,8 +16,8 @@ var errLeaseLost = errors.New("worker: lease deadline passed before settling")
 
 // Settling is group commit. Every finished attempt queues its settlement;
 // one that finds no flush running becomes a leader (or, with one running,
-// the one that brings the queue to secondFlushMin: see maxFlushes),
-// takes everything queued (at most store.MaxSettleBatch) and applies it with one
+// the one that brings the queue to secondFlushMin: see maxFlushes), takes
+// everything queued (at most store.MaxSettleBatch) and applies it with one
 // store.SettleBatch per tenant, one round trip and one commit each. While it
 // does, later attempts queue up behind it, so under load each commit carries
 // many settles and costs each message a fraction of a round trip; an idle
@@ -65,7 +65,7 @@ const (
 	lingerMax = 2 * time.Millisecond
 )
 
-func newSettler() settler { return settler{lingerMax: lingerMax} }
+func newSettler() settler { return settler{lingerMax: lingerMax, filled: make(chan struct{}, 1)} }
 
 type settleReq struct {
 	tenant   string
@@ -84,9 +84,6 @@ type settleResult struct {
 func (w *Worker) settle(ctx context.Context, r *settleReq) error {
 	b := &w.settles
 	b.mu.Lock()
-	if b.filled == nil {
-		b.filled = make(chan struct{}, 1)
-	}
 	if b.flushing >= maxFlushes || (b.flushing > 0 && (b.lingering || len(b.pending)+1 < secondFlushMin)) {
 		b.pending = append(b.pending, r)
 		if b.lingering && len(b.pending)+1 >= lingerFor {

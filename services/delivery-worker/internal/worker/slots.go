@@ -23,11 +23,11 @@ func DefaultTenantMaxInflight(concurrency int) int { return max(1, concurrency/4
 // answers wait, so at most twice the total (those plus the requests out when
 // the bound was reached), and a database that settles more slowly than
 // endpoints answer stops the claims instead of letting leased messages pile
-// up in this process. Holding the share
-// through the settle made one tenant alone against a fast endpoint lose
-// 30-50% of its throughput, and holding the worker's slot through it left
-// claims waiting on commits (bench-delivery.sh: a third of both cores idle
-// while the backlog drained).
+// up in this process. Holding the share through the settle made one tenant
+// alone against a fast endpoint lose 30-50% of its throughput, and holding
+// the worker's slot through it left claims waiting on commits
+// (bench-delivery.sh: a third of both cores idle while the backlog
+// drained).
 //
 // Only the scheduler takes slots; every attempt gives its own back when it
 // ends, whatever way it ends, and wakes the scheduler.
@@ -208,25 +208,10 @@ func (s *slots) waitRoom(ctx context.Context, tenants []string, d time.Duration)
 	}
 }
 
-// held reports the slots in use in all and by tenant (tests, and the
-// scheduler's view in one lock).
-func (s *slots) held(tenant string) (all, ofTenant int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.inUse, s.byTenant[tenant]
-}
-
 // sending reports the attempts whose requests are out: answers still to
 // come.
 func (s *slots) sending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.inUse
-}
-
-// waitingToSettle reports the answered attempts not yet settled (tests).
-func (s *slots) waitingToSettle() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.settling
 }

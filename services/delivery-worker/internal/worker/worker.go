@@ -24,10 +24,11 @@
 // No tenant holds more than TenantMaxInflight of the worker's slots
 // (DELIVERY_TENANT_MAX_INFLIGHT, contract §8.7), so a tenant whose endpoint
 // hangs until the HTTP timeout ties up its share and no more: the other
-// slots keep serving everyone else. The share and the worker's slot count an
-// attempt from its claim until the endpoint answers; its settle holds
-// neither, and what waits for a settle is bounded on its own (see slots). The share bounds the claim itself (a
-// claim asks for at most the tenant's free share), so a blocked tenant's
+// slots keep serving everyone else. The share and the worker's slot count
+// an attempt from its claim until the endpoint answers; its settle holds
+// neither, and what waits for a settle is bounded on its own (see slots).
+// The share bounds the claim itself (a claim asks for at most the tenant's
+// free share), so a blocked tenant's
 // backlog is never leased by a worker that could not start it; the
 // scheduler skips a tenant that holds its share (or nearly: see slots)
 // without taking a limiter token, and when every tenant it knows of is so
