@@ -97,3 +97,20 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// Bad command lines are refused with exit 2 before anything connects.
+func TestRunMainRefusesBadCommandLines(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	for _, args := range [][]string{
+		{}, // no database
+		{"--database-url", "postgres://x/y", "--jobs", "1"},
+		{"--database-url", "postgres://x/y", "--work", "sleep"},
+		{"--database-url", "postgres://x/y", "--work", "post", "--sink-latency", "-1ms"},
+		{"--no-such-flag"},
+	} {
+		var out, errw bytes.Buffer
+		if code := runMain(context.Background(), args, &out, &errw); code != 2 || out.Len() != 0 {
+			t.Errorf("%q: exit %d, stdout %q; want 2 and nothing", args, code, out.String())
+		}
+	}
+}
